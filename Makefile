@@ -1,0 +1,34 @@
+# `make test` and `make bench` each create or reuse .venv and install what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.braze-installed
+JOBS   ?= 2
+
+# torch and torchvision must come as a matching pair; these are the versions this
+# machine kind's pip serves together (see README, "Set-up").
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),aarch64)
+TORCH_PIN := torch==2.9.1 torchvision==0.24.1
+else
+TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+endif
+
+.PHONY: test bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.resnet50
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,352 @@
+"""braze's IR: a graph of nodes in SSA form over statically shaped tensors.
+
+A `Graph` owns an ordered list of `Node`s (always topologically sorted), its
+input `Value`s and output `Value`s. Each `Value` has exactly one producer (a
+node, or the graph itself for inputs), a dtype (see compiler.dtypes) and a
+shape: a tuple of ints. A dimension may be None only on values produced by a
+`host` node whose output shape depends on data; nothing but host nodes may
+consume such values (the verifier checks it).
+
+The op set is closed and lives in compiler.ops (one registry: shape and dtype
+inference, attribute validation, numpy reference semantics). The text form
+(`print_graph` / `parse_graph`, in compiler.text) round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from compiler import dtypes
+
+
+class IRError(Exception):
+    """An IR invariant does not hold (bad attribute, wrong types, dangling value...)."""
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """dtype and shape of a value; shape dims are ints (None: data-dependent)."""
+
+    dtype: str
+    shape: tuple
+
+    def __post_init__(self):
+        dtypes.check(self.dtype)
+        object.__setattr__(self, "shape", tuple(self.shape))
+        for d in self.shape:
+            if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d < 0):
+                raise IRError(f"bad dimension {d!r} in shape {self.shape}")
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def static(self) -> bool:
+        return all(d is not None for d in self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __str__(self) -> str:
+        dims = ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.dtype}[{dims}]"
+
+
+class Value:
+    """One SSA value: produced once, by `producer` (None for a graph input)."""
+
+    __slots__ = ("name", "type", "producer")
+
+    def __init__(self, name: str, type: TensorType, producer: "Node | None" = None):
+        self.name = name
+        self.type = type
+        self.producer = producer
+
+    @property
+    def shape(self) -> tuple:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+class Node:
+    """An op applied to input values, producing output values.
+
+    `attrs` holds plain data only (int, float, str, bool, bytes, tuples of those,
+    numpy arrays for `const`), so nodes print, hash and copy without surprises.
+    `name` is the framework's name for the node (for error messages), or "".
+    """
+
+    __slots__ = ("op", "inputs", "outputs", "attrs", "name")
+
+    def __init__(self, op: str, inputs: list, attrs: dict, name: str = ""):
+        self.op = op
+        self.inputs = list(inputs)
+        self.outputs: list[Value] = []
+        self.attrs = dict(attrs)
+        self.name = name
+
+    @property
+    def output(self) -> Value:
+        if len(self.outputs) != 1:
+            raise IRError(f"{self.describe()} has {len(self.outputs)} outputs, not 1")
+        return self.outputs[0]
+
+    @property
+    def opdef(self):
+        from compiler.ops import get_op
+
+        return get_op(self.op)
+
+    def describe(self) -> str:
+        """'op node "name"' for error messages."""
+        return f'{self.op} node "{self.name}"' if self.name else f"{self.op} node"
+
+    def __repr__(self) -> str:
+        outs = ", ".join(f"%{v.name}" for v in self.outputs)
+        ins = ", ".join(f"%{v.name}" for v in self.inputs)
+        return f"<{outs} = {self.op}({ins})>"
+
+
+class Graph:
+    """Nodes in topological order, with graph inputs and outputs."""
+
+    def __init__(self, name: str = "main"):
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self._names: set[str] = set()
+        self._counter = itertools.count()
+
+    # -- building ---------------------------------------------------------
+
+    def fresh_name(self, hint: str = "v") -> str:
+        """A value name unused in this graph, derived from `hint`."""
+        if hint and hint not in self._names:
+            return hint
+        while True:
+            name = f"{hint or 'v'}.{next(self._counter)}"
+            if name not in self._names:
+                return name
+
+    def add_input(self, name: str, type: TensorType) -> Value:
+        if name in self._names:
+            raise IRError(f"duplicate value name %{name}")
+        v = Value(name, type, None)
+        self._names.add(name)
+        self.inputs.append(v)
+        return v
+
+    def add_node(
+        self,
+        op: str,
+        inputs: Iterable[Value],
+        attrs: dict | None = None,
+        *,
+        name: str = "",
+        out_names: list[str] | None = None,
+        out_types: list[TensorType] | None = None,
+        index: int | None = None,
+    ) -> Node:
+        """Create a node, infer its output types (unless given) and insert it.
+
+        Inserted at the end, or before position `index`. Inputs must already be
+        defined; callers building out of order should use `index` or re-sort.
+        """
+        from compiler.ops import get_op
+
+        opdef = get_op(op)
+        node = Node(op, list(inputs), opdef.normalize_attrs(dict(attrs or {}), name))
+        node.name = name
+        if out_types is None:
+            out_types = opdef.infer(node)
+        for i, t in enumerate(out_types):
+            hint = out_names[i] if out_names and i < len(out_names) else (name or op)
+            vname = self.fresh_name(hint)
+            self._names.add(vname)
+            node.outputs.append(Value(vname, t, node))
+        if index is None:
+            self.nodes.append(node)
+        else:
+            self.nodes.insert(index, node)
+        return node
+
+    def op(self, op: str, *inputs: Value, name: str = "", **attrs) -> Value:
+        """Shorthand: append a single-output node and return its value."""
+        return self.add_node(op, inputs, attrs, name=name).output
+
+    def const(self, array, name: str = "const") -> Value:
+        """Append a `const` node holding `array` (copied, made read-only)."""
+        import numpy as np
+
+        arr = np.array(array, copy=True)
+        arr.setflags(write=False)
+        return self.add_node("const", [], {"value": arr}, out_names=[name]).output
+
+    def rename(self, value: Value, new_name: str) -> None:
+        """Give `value` a new name (must be unused)."""
+        if new_name == value.name:
+            return
+        if new_name in self._names:
+            raise IRError(f"duplicate value name %{new_name}")
+        self._names.discard(value.name)
+        value.name = new_name
+        self._names.add(new_name)
+
+    def reserve_name(self, name: str) -> None:
+        """Record a value name created outside add_node/add_input (parser, cloning)."""
+        if name in self._names:
+            raise IRError(f"duplicate value name %{name}")
+        self._names.add(name)
+
+    # -- queries and edits ------------------------------------------------
+
+    def users(self) -> dict[Value, list[Node]]:
+        """Map each value to the nodes that read it (in node order)."""
+        out: dict[Value, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                out.setdefault(v, []).append(n)
+        return out
+
+    def values(self) -> list[Value]:
+        """Every value: inputs, then node outputs in order."""
+        vals = list(self.inputs)
+        for n in self.nodes:
+            vals.extend(n.outputs)
+        return vals
+
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        """Point every reader of `old` (nodes and graph outputs) at `new`."""
+        for n in self.nodes:
+            n.inputs = [new if v is old else v for v in n.inputs]
+        self.outputs = [new if v is old else v for v in self.outputs]
+
+    def remove_dead(self) -> int:
+        """Drop nodes whose outputs nobody reads; return how many went."""
+        live = set(self.outputs)
+        kept = []
+        for n in reversed(self.nodes):
+            if any(o in live for o in n.outputs):
+                kept.append(n)
+                live.update(n.inputs)
+        removed = len(self.nodes) - len(kept)
+        for n in self.nodes:
+            if n not in kept:
+                for o in n.outputs:
+                    self._names.discard(o.name)
+        self.nodes = kept[::-1]
+        return removed
+
+    def toposort(self) -> None:
+        """Re-order nodes topologically (stable); IRError on a cycle."""
+        produced = {v for v in self.inputs}
+        pending = list(self.nodes)
+        ordered: list[Node] = []
+        while pending:
+            progress = []
+            rest = []
+            for n in pending:
+                if all(v in produced for v in n.inputs):
+                    progress.append(n)
+                    produced.update(n.outputs)
+                else:
+                    rest.append(n)
+            if not progress:
+                raise IRError(f"cycle or undefined input at {rest[0].describe()}")
+            ordered.extend(progress)
+            pending = rest
+        self.nodes = ordered
+
+    def __str__(self) -> str:
+        from compiler.text import print_graph
+
+        return print_graph(self)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Graph):
+            return NotImplemented
+        from compiler.text import graphs_equal
+
+        return graphs_equal(self, other)
+
+    __hash__ = None  # mutable
+
+
+def verify(graph: Graph, *, after: str = "") -> None:
+    """Check the graph's invariants; raise IRError naming the first violation.
+
+    SSA (each value defined once, before use), no dangling inputs, acyclic
+    (implied by definition-before-use in node order), attributes valid, output
+    types equal to what the op infers, dynamic dims consumed only by host nodes.
+    """
+    where = f" (after pass {after})" if after else ""
+    defined: set[int] = set()
+    names: set[str] = set()
+
+    def define(v: Value, producer):
+        if id(v) in defined or v.name in names:
+            raise IRError(f"value %{v.name} defined twice{where}")
+        if v.producer is not producer:
+            raise IRError(f"value %{v.name} has the wrong producer{where}")
+        defined.add(id(v))
+        names.add(v.name)
+
+    for v in graph.inputs:
+        define(v, None)
+    for n in graph.nodes:
+        for v in n.inputs:
+            if id(v) not in defined:
+                raise IRError(
+                    f"{n.describe()} reads %{v.name}, which is not defined before it{where}"
+                )
+            if not v.type.static and n.op != "host":
+                raise IRError(f"{n.describe()} reads dynamically shaped %{v.name}{where}")
+        try:
+            n.opdef.validate(n)
+            expected = n.opdef.infer(n) if n.op != "host" else [o.type for o in n.outputs]
+        except IRError as e:
+            raise IRError(f"{e}{where}") from None
+        if [o.type for o in n.outputs] != list(expected):
+            got = ", ".join(str(o.type) for o in n.outputs)
+            want = ", ".join(str(t) for t in expected)
+            raise IRError(f"{n.describe()} outputs {got} but the op infers {want}{where}")
+        for o in n.outputs:
+            define(o, n)
+    for v in graph.outputs:
+        if id(v) not in defined:
+            raise IRError(f"graph output %{v.name} is not defined{where}")
+
+
+def clone(graph: Graph) -> Graph:
+    """A deep copy of the graph structure (constant arrays are shared: read-only)."""
+    g = Graph(graph.name)
+    vmap: dict[Value, Value] = {}
+    for v in graph.inputs:
+        vmap[v] = g.add_input(v.name, v.type)
+    for n in graph.nodes:
+        m = Node(n.op, [vmap[v] for v in n.inputs], n.attrs, n.name)
+        for o in n.outputs:
+            nv = Value(o.name, o.type, m)
+            g.reserve_name(o.name)
+            m.outputs.append(nv)
+            vmap[o] = nv
+        g.nodes.append(m)
+    g.outputs = [vmap[v] for v in graph.outputs]
+    return g
+
+
+Attr = Any

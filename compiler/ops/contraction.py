@@ -1,0 +1,167 @@
+"""Library-class ops: matmul, conv (N-d, grouped, dilated) and pooling.
+
+Layouts are the frameworks' canonical ones: activations N,C,spatial...;
+conv weights M, C/group, kernel...; `pads` lists all begin pads then all end
+pads (ONNX order). The layout pass may later choose other internal layouts.
+matmul follows numpy for rank >= 2 (batch dims broadcast); importers reshape
+rank-1 operands.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from compiler import dtypes
+from compiler.ir import IRError, TensorType
+from compiler.ops import REQUIRED, Family, OpDef, register
+from compiler.ops.elementwise import broadcast_shapes
+
+
+# -- matmul ---------------------------------------------------------------
+
+def _matmul_infer(node):
+    a, b = node.inputs
+    if a.dtype != b.dtype or a.dtype not in dtypes.NUMERIC:
+        raise IRError(f"{node.describe()}: dtypes {a.dtype} and {b.dtype}")
+    if a.type.rank < 2 or b.type.rank < 2 or a.shape[-1] != b.shape[-2]:
+        raise IRError(f"{node.describe()}: cannot multiply {a.shape} by {b.shape}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], where=node.describe())
+    return [TensorType(a.dtype, batch + (a.shape[-2], b.shape[-1]))]
+
+
+def _matmul_eval(node, a, b):
+    if a.dtype.kind in "iu":
+        out = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    else:
+        out = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    return [out.astype(a.dtype)]
+
+
+register(OpDef("matmul", Family.CONTRACTION, (2, 2), _matmul_infer, _matmul_eval))
+
+
+# -- windows (conv and pooling share these) -------------------------------
+
+def window_out_dims(in_dims, kernel, strides, pads, dilations, where) -> tuple:
+    """Output spatial dims of a sliding window; IRError if any is < 1 or attrs mismatch."""
+    n = len(in_dims)
+    if not (len(kernel) == len(strides) == len(dilations) == n and len(pads) == 2 * n):
+        raise IRError(f"{where}: kernel/strides/dilations/pads do not match {n} spatial dims")
+    out = []
+    for i in range(n):
+        span = dilations[i] * (kernel[i] - 1) + 1
+        size = in_dims[i] + pads[i] + pads[i + n] - span
+        if strides[i] < 1 or dilations[i] < 1 or size < 0 or min(pads) < 0:
+            raise IRError(f"{where}: window {kernel} does not fit input {tuple(in_dims)}")
+        out.append(size // strides[i] + 1)
+    return tuple(out)
+
+
+def _windows(x, kernel, strides, pads, dilations, pad_value):
+    """x: N,C,spatial -> N,C,out_spatial...,kernel... (a view, via numpy)."""
+    n = len(kernel)
+    width = [(0, 0), (0, 0)] + [(pads[i], pads[i + n]) for i in range(n)]
+    xp = np.pad(x, width, constant_values=pad_value)
+    spans = [dilations[i] * (kernel[i] - 1) + 1 for i in range(n)]
+    w = sliding_window_view(xp, spans, axis=tuple(range(2, 2 + n)))
+    sel = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)
+    sel += tuple(slice(None, None, d) for d in dilations)
+    return w[sel]
+
+
+_WINDOW_ATTRS = {
+    "strides": ("ints", REQUIRED),
+    "pads": ("ints", REQUIRED),
+    "dilations": ("ints", REQUIRED),
+}
+
+
+# -- conv -----------------------------------------------------------------
+
+def _conv_infer(node):
+    x, w = node.inputs[:2]
+    g = node.attrs["group"]
+    if x.dtype != w.dtype or x.dtype not in dtypes.FLOATS:
+        raise IRError(f"{node.describe()}: dtypes {x.dtype} and {w.dtype}")
+    if x.type.rank < 3 or w.type.rank != x.type.rank:
+        raise IRError(f"{node.describe()}: input {x.shape} and weight {w.shape} ranks")
+    if g < 1 or x.shape[1] != w.shape[1] * g or w.shape[0] % g:
+        raise IRError(f"{node.describe()}: channels {x.shape[1]} vs weight {w.shape}, group {g}")
+    if len(node.inputs) == 3:
+        b = node.inputs[2]
+        if b.dtype != x.dtype or b.shape != (w.shape[0],):
+            raise IRError(f"{node.describe()}: bias {b.type} for {w.shape[0]} channels")
+    a = node.attrs
+    sp = window_out_dims(x.shape[2:], w.shape[2:], a["strides"], a["pads"], a["dilations"],
+                         node.describe())
+    return [TensorType(x.dtype, (x.shape[0], w.shape[0]) + sp)]
+
+
+def _conv_eval(node, x, w, b=None):
+    a = node.attrs
+    g = a["group"]
+    n = x.ndim - 2
+    win = _windows(x.astype(np.float64), w.shape[2:], a["strides"], a["pads"],
+                   a["dilations"], 0.0)
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    win = win.reshape((N, g, C // g) + win.shape[2:])
+    wg = w.astype(np.float64).reshape((g, M // g, C // g) + w.shape[2:])
+    sp = "".join("hijk"[:n])
+    kk = "".join("pqrs"[:n])
+    out = np.einsum(f"ngc{sp}{kk},gmc{kk}->ngm{sp}", win, wg, optimize=True)
+    out = out.reshape((N, M) + out.shape[3:])
+    if b is not None:
+        out = out + b.astype(np.float64).reshape((1, M) + (1,) * n)
+    return [out.astype(x.dtype)]
+
+
+register(OpDef("conv", Family.CONTRACTION, (2, 3), _conv_infer, _conv_eval,
+               attrs={**_WINDOW_ATTRS, "group": ("int", 1)}))
+
+
+# -- pooling --------------------------------------------------------------
+
+def _pool_infer(node):
+    x = node.inputs[0]
+    if x.dtype not in dtypes.NUMERIC or x.type.rank < 3:
+        raise IRError(f"{node.describe()}: cannot pool {x.type}")
+    if node.op == "avg_pool" and x.dtype not in dtypes.FLOATS:
+        raise IRError(f"{node.describe()}: avg_pool needs a float dtype, got {x.dtype}")
+    a = node.attrs
+    sp = window_out_dims(x.shape[2:], a["kernel"], a["strides"], a["pads"], a["dilations"],
+                         node.describe())
+    return [TensorType(x.dtype, x.shape[:2] + sp)]
+
+
+def _lowest(dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _max_pool_eval(node, x):
+    a = node.attrs
+    k = len(a["kernel"])
+    win = _windows(x, a["kernel"], a["strides"], a["pads"], a["dilations"], _lowest(x.dtype))
+    return [win.max(axis=tuple(range(-k, 0))).astype(x.dtype)]
+
+
+def _avg_pool_eval(node, x):
+    a = node.attrs
+    k = len(a["kernel"])
+    axes = tuple(range(-k, 0))
+    win = _windows(x.astype(np.float64), a["kernel"], a["strides"], a["pads"], a["dilations"], 0)
+    total = win.sum(axis=axes)
+    if a["count_include_pad"]:
+        count = np.prod(a["kernel"])
+    else:
+        ones = np.ones((1, 1) + x.shape[2:])
+        count = _windows(ones, a["kernel"], a["strides"], a["pads"], a["dilations"], 0).sum(axes)
+    return [(total / count).astype(x.dtype)]
+
+
+register(OpDef("max_pool", Family.POOL, (1, 1), _pool_infer, _max_pool_eval,
+               attrs={"kernel": ("ints", REQUIRED), **_WINDOW_ATTRS}))
+register(OpDef("avg_pool", Family.POOL, (1, 1), _pool_infer, _avg_pool_eval,
+               attrs={"kernel": ("ints", REQUIRED), **_WINDOW_ATTRS,
+                      "count_include_pad": ("bool", False)}))

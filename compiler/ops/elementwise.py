@@ -1,0 +1,188 @@
+"""Elementwise ops: unary, binary (numpy broadcasting), select, cast.
+
+Binary ops require both operands to have the same dtype (importers insert
+casts); shapes broadcast as numpy does, so no explicit `broadcast` is needed
+in front of an elementwise op. Integer `div` truncates toward zero (C, ONNX);
+`mod` takes the sign of the divisor (Python), `fmod` that of the dividend (C).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from compiler import dtypes
+from compiler.ir import IRError, Node, TensorType
+from compiler.ops import REQUIRED, Family, OpDef, register
+
+
+def broadcast_shapes(*shapes: tuple, where: str = "") -> tuple:
+    """numpy's broadcasting rule; IRError naming `where` if the shapes clash."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise IRError(f"{where}: shapes {' and '.join(map(str, shapes))} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _erf(x):
+    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+
+
+def _int_div(a, b):
+    if a.dtype.kind in "iu":
+        with np.errstate(divide="ignore"):
+            q = np.floor_divide(a, np.where(b == 0, 1, b))
+            adjust = (q < 0) & (q * b != a) if a.dtype.kind == "i" else False
+            return (q + adjust).astype(a.dtype)
+    return np.divide(a, b)
+
+
+def _round(x):
+    return np.round(x)
+
+
+# name -> (allowed input dtypes, numpy function, result dtype or None = same)
+UNARY: dict[str, tuple[frozenset, object, str | None]] = {
+    "neg": (dtypes.NUMERIC, np.negative, None),
+    "abs": (dtypes.NUMERIC, np.abs, None),
+    "sign": (dtypes.NUMERIC, np.sign, None),
+    "exp": (dtypes.FLOATS, np.exp, None),
+    "expm1": (dtypes.FLOATS, np.expm1, None),
+    "log": (dtypes.FLOATS, np.log, None),
+    "log1p": (dtypes.FLOATS, np.log1p, None),
+    "sqrt": (dtypes.FLOATS, np.sqrt, None),
+    "reciprocal": (dtypes.FLOATS, np.reciprocal, None),
+    "sin": (dtypes.FLOATS, np.sin, None),
+    "cos": (dtypes.FLOATS, np.cos, None),
+    "tan": (dtypes.FLOATS, np.tan, None),
+    "asin": (dtypes.FLOATS, np.arcsin, None),
+    "acos": (dtypes.FLOATS, np.arccos, None),
+    "atan": (dtypes.FLOATS, np.arctan, None),
+    "sinh": (dtypes.FLOATS, np.sinh, None),
+    "cosh": (dtypes.FLOATS, np.cosh, None),
+    "tanh": (dtypes.FLOATS, np.tanh, None),
+    "asinh": (dtypes.FLOATS, np.arcsinh, None),
+    "acosh": (dtypes.FLOATS, np.arccosh, None),
+    "atanh": (dtypes.FLOATS, np.arctanh, None),
+    "sigmoid": (dtypes.FLOATS, lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype), None),
+    "erf": (dtypes.FLOATS, _erf, None),
+    "floor": (dtypes.FLOATS, np.floor, None),
+    "ceil": (dtypes.FLOATS, np.ceil, None),
+    "round": (dtypes.FLOATS, _round, None),
+    "isnan": (dtypes.FLOATS, np.isnan, "bool"),
+    "isinf": (dtypes.FLOATS, np.isinf, "bool"),
+    "not": (frozenset({"bool"}), np.logical_not, None),
+    "bitnot": (dtypes.INTEGERS, np.invert, None),
+}
+
+_ARITH = dtypes.NUMERIC
+_ORDERED = dtypes.NUMERIC
+BINARY: dict[str, tuple[frozenset, object, str | None]] = {
+    "add": (_ARITH, np.add, None),
+    "sub": (_ARITH, np.subtract, None),
+    "mul": (_ARITH, np.multiply, None),
+    "div": (_ARITH, _int_div, None),
+    "pow": (_ARITH, np.power, None),
+    "max": (_ORDERED, np.maximum, None),
+    "min": (_ORDERED, np.minimum, None),
+    "mod": (_ARITH, np.mod, None),
+    "fmod": (_ARITH, np.fmod, None),
+    "and": (frozenset({"bool"}), np.logical_and, None),
+    "or": (frozenset({"bool"}), np.logical_or, None),
+    "xor": (frozenset({"bool"}), np.logical_xor, None),
+    "bitand": (dtypes.INTEGERS | {"bool"}, np.bitwise_and, None),
+    "bitor": (dtypes.INTEGERS | {"bool"}, np.bitwise_or, None),
+    "bitxor": (dtypes.INTEGERS | {"bool"}, np.bitwise_xor, None),
+    "shl": (dtypes.UNSIGNED, np.left_shift, None),
+    "shr": (dtypes.UNSIGNED, np.right_shift, None),
+    "eq": (dtypes.SCALARS, np.equal, "bool"),
+    "ne": (dtypes.SCALARS, np.not_equal, "bool"),
+    "lt": (_ORDERED, np.less, "bool"),
+    "le": (_ORDERED, np.less_equal, "bool"),
+    "gt": (_ORDERED, np.greater, "bool"),
+    "ge": (_ORDERED, np.greater_equal, "bool"),
+}
+
+
+def _check_dtype(node: Node, allowed: frozenset, dtype: str) -> None:
+    if dtype not in allowed:
+        raise IRError(f"{node.describe()} does not take dtype {dtype}")
+
+
+def _unary(name: str, allowed, fn, result):
+    def infer(node):
+        x = node.inputs[0]
+        _check_dtype(node, allowed, x.dtype)
+        return [TensorType(result or x.dtype, x.shape)]
+
+    def evaluate(node, x):
+        with np.errstate(all="ignore"):
+            return [np.asarray(fn(x)).astype(dtypes.to_numpy(result or node.inputs[0].dtype))]
+
+    register(OpDef(name, Family.ELEMENTWISE, (1, 1), infer, evaluate))
+
+
+def _binary(name: str, allowed, fn, result):
+    def infer(node):
+        a, b = node.inputs
+        if a.dtype != b.dtype:
+            raise IRError(f"{node.describe()} mixes dtypes {a.dtype} and {b.dtype}")
+        _check_dtype(node, allowed, a.dtype)
+        return [TensorType(result or a.dtype, broadcast_shapes(a.shape, b.shape,
+                                                               where=node.describe()))]
+
+    def evaluate(node, a, b):
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(a, b))
+        out_dtype = dtypes.to_numpy(result or node.inputs[0].dtype)
+        return [np.broadcast_to(out, np.broadcast_shapes(a.shape, b.shape)).astype(out_dtype)]
+
+    register(OpDef(name, Family.ELEMENTWISE, (2, 2), infer, evaluate))
+
+
+for _name, (_allowed, _fn, _res) in UNARY.items():
+    _unary(_name, _allowed, _fn, _res)
+for _name, (_allowed, _fn, _res) in BINARY.items():
+    _binary(_name, _allowed, _fn, _res)
+
+
+def _select_infer(node):
+    c, a, b = node.inputs
+    if c.dtype != "bool":
+        raise IRError(f"{node.describe()}: condition must be bool, got {c.dtype}")
+    if a.dtype != b.dtype:
+        raise IRError(f"{node.describe()} mixes dtypes {a.dtype} and {b.dtype}")
+    return [TensorType(a.dtype, broadcast_shapes(c.shape, a.shape, b.shape,
+                                                 where=node.describe()))]
+
+
+register(OpDef("select", Family.ELEMENTWISE, (3, 3), _select_infer,
+               lambda node, c, a, b: [np.where(c, a, b).astype(a.dtype)]))
+
+
+def _cast_infer(node):
+    x = node.inputs[0]
+    to = node.attrs["to"]
+    dtypes.check(to)
+    if x.dtype not in dtypes.SCALARS or to not in dtypes.SCALARS:
+        raise IRError(f"{node.describe()}: cannot cast {x.dtype} to {to}")
+    return [TensorType(to, x.shape)]
+
+
+def _cast_eval(node, x):
+    to = dtypes.to_numpy(node.attrs["to"])
+    with np.errstate(all="ignore"):
+        if x.dtype.kind == "f" and to.kind in "iu":
+            # float -> int truncates toward zero; out-of-range is undefined (as in C)
+            return [np.trunc(np.nan_to_num(x)).astype(to)]
+        return [x.astype(to)]
+
+
+register(OpDef("cast", Family.ELEMENTWISE, (1, 1), _cast_infer, _cast_eval,
+               attrs={"to": ("dtype", REQUIRED)}))
