@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from compiler import dtypes
+from compiler.errors import BrazeError
 
 
-class IRError(Exception):
+class IRError(BrazeError):
     """An IR invariant does not hold (bad attribute, wrong types, dangling value...)."""
 
 
