@@ -1,0 +1,116 @@
+"""The `braze` command line: optimize, explain, run (and compile) ONNX models.
+
+Every command turns a braze error into one clear line on stderr and exit
+status 1 (2 for bad usage, as argparse does); `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from pathlib import Path
+
+from compiler.errors import BrazeError
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+
+
+def _add_shapes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="concrete shape for an input with symbolic dimensions (repeatable)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="braze",
+        description="braze: a graph compiler for ONNX and PyTorch models.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("optimize", help="apply braze's graph passes, write a standard ONNX model",
+                       description="Fold constants and shape chains, remove dead code and "
+                       "no-ops, fold BatchNormalization into Conv/Gemm, and write the result "
+                       "as a standard ONNX model that stock onnxruntime loads. The result is "
+                       "checked against onnxruntime on random inputs.")
+    p.add_argument("input", help="the ONNX model to optimize")
+    p.add_argument("-o", "--output", required=True, help="where to write the optimized model")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the numeric check against onnxruntime")
+    p.add_argument("--rtol", type=float, default=1e-4,
+                   help="largest accepted max-relative difference (default 1e-4)")
+    _add_shapes(p)
+    _add_common(p)
+
+    p = sub.add_parser("explain", help="show clusters and why nodes are not compiled",
+                       description="Import the model, run braze's passes and clustering, and "
+                       "print the clusters and, for every node braze does not compile, why.")
+    p.add_argument("input", help="an ONNX model")
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    _add_shapes(p)
+    _add_common(p)
+
+    p = sub.add_parser("run", help="run a model (ONNX or a .braze artifact) on .npy inputs",
+                       description="Run a model and print each output's name, shape, dtype "
+                       "and a short summary. Inputs come from .npy files.")
+    p.add_argument("input", help="an ONNX model or a compiled .braze artifact")
+    p.add_argument("--input", dest="inputs", action="append", default=[],
+                   metavar="NAME=FILE.npy", help="an input value (repeatable)")
+    p.add_argument("--random", action="store_true",
+                   help="fill inputs not given with seeded random data")
+    p.add_argument("--output-dir", help="save each output as NAME.npy in this directory")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="fail instead of running any node on onnxruntime")
+    p.add_argument("--threads", type=int, default=2, help="threads (default 2)")
+    _add_common(p)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="braze: %(levelname)s: %(message)s")
+    from bridge import cli_commands
+
+    handler = getattr(cli_commands, f"cmd_{args.command}")
+    try:
+        return handler(args) or 0
+    except BrazeError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"braze {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("braze: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug in braze: say so plainly, keep the trace behind --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"braze {args.command}: internal error: {type(e).__name__}: {e} "
+              f"(rerun with --debug for the traceback)", file=sys.stderr)
+        return 3
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """'name=1,3,224,224' items -> {name: shape}; BrazeError on bad syntax."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = tuple(int(d) for d in dims.split(",") if d.strip() != "")
+        except ValueError:
+            raise BrazeError(f"bad --shape {item!r}: expected NAME=D1,D2,...") from None
+    return shapes
+
+
+def path_arg(path: str) -> Path:
+    return Path(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

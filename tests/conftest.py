@@ -1,0 +1,35 @@
+"""Suite-wide options: slow and GPU tests are marked and skipped by default."""
+
+import shutil
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+
+
+def _has_cuda() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    run_slow = config.getoption("--runslow")
+    has_gpu = None
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
+        if "gpu" in item.keywords:
+            if has_gpu is None:
+                has_gpu = _has_cuda()
+            if not has_gpu:
+                item.add_marker(skip_gpu)
