@@ -26,6 +26,9 @@ def evaluate(graph: Graph, inputs: Sequence[np.ndarray] | dict,
         raise IRError(f"graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
     env = {}
     for v, a in zip(graph.inputs, inputs):
+        if v.type.dtype == "opaque":  # sequences, maps, optionals: passed as given
+            env[v] = a
+            continue
         a = np.asarray(a)
         if v.type.dtype in dtypes.SCALARS:
             a = a.astype(dtypes.to_numpy(v.dtype), copy=False)

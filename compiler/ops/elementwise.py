@@ -180,8 +180,8 @@ def _cast_eval(node, x):
     with np.errstate(all="ignore"):
         if x.dtype.kind == "f" and to.kind in "iu":
             # float -> int truncates toward zero; out-of-range is undefined (as in C)
-            return [np.trunc(np.nan_to_num(x)).astype(to)]
-        return [x.astype(to)]
+            return [np.asarray(np.trunc(np.nan_to_num(x))).astype(to)]
+        return [np.asarray(x).astype(to)]
 
 
 register(OpDef("cast", Family.ELEMENTWISE, (1, 1), _cast_infer, _cast_eval,

@@ -1,0 +1,357 @@
+"""ONNX -> braze IR.
+
+`import_onnx(model_or_path, input_shapes=None)` loads a model (external data
+included, see importers.onnx_load), binds every input dim to a concrete size,
+turns initializers into `const` nodes and converts each node, in topological
+order, through the one converter table (importers.onnx_ops) picked by the
+node's schema version at the model's opset. Converted nodes whose inputs are
+all constant fold on the spot, so shape subgraphs disappear. A node without a
+converter, or one its converter refuses, becomes a `host` node run by
+onnxruntime (see importers.onnx_host) with the reason; unsupported is never an
+import error, only an invalid model is (unknown op, cycle, dangling input).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from dataclasses import dataclass
+
+import onnx
+import onnx.defs
+import onnx.inliner
+from onnx import NodeProto, TypeProto, helper
+
+from compiler.errors import InputError, InvalidModelError
+from compiler.ir import Graph, IRError, TensorType, Value, verify
+from importers.onnx_host import HostTyper, captured_names, make_payload, onnx_schema
+from importers.onnx_load import DEFAULT_DOMAINS, check_versions, load_model
+from importers.onnx_ops import Fallback, lookup
+from importers.onnx_ops.context import NodeContext, const_array
+from importers.onnx_types import (
+    NUMPY_DTYPES,
+    array_from_tensor,
+    dtype_of_elem,
+    proto_from_tensor_type,
+    tensor_from_array,
+    tensor_type_from_proto,
+)
+
+__all__ = ["OnnxImport", "import_onnx", "load_model"]
+
+# Constant inputs up to this many elements are shown to ONNX shape inference of
+# host nodes (shape-like inputs are tiny; converting big weights costs time).
+INFERENCE_CONST_LIMIT = 4096
+
+# ops that pass any value through unchanged, so they convert even for opaque
+# or dynamically shaped inputs
+PASS_THROUGH = frozenset({"Identity"})
+
+
+@dataclass
+class OnnxImport:
+    """The result of importing an ONNX model (see docs/CONTRACTS.md)."""
+
+    graph: Graph
+    input_names: list[str]
+    output_names: list[str]
+    opset: int
+    input_dtypes: list[str]
+
+
+def import_onnx(model_or_path, input_shapes: dict | None = None) -> OnnxImport:
+    """Import an ONNX model (path, bytes or ModelProto) as a statically shaped IR graph."""
+    model = load_model(model_or_path)
+    opsets = check_versions(model)
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    return _Importer(model, opsets).run(dict(input_shapes or {}))
+
+
+def describe(node: NodeProto, index: int) -> str:
+    """'node "name" (Op)', or 'node #index (Op)' for an unnamed node."""
+    where = f'"{node.name}"' if node.name else f"#{index}"
+    op = f"{node.domain}.{node.op_type}" if node.domain not in DEFAULT_DOMAINS else node.op_type
+    return f"node {where} ({op})"
+
+
+@functools.cache
+def _ort_ops() -> frozenset:
+    """(domain, op_type) of every op onnxruntime has a schema for (contrib ops included)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+        return frozenset((s.domain, s.name) for s in ort_state.get_all_operator_schema())
+    except (ImportError, AttributeError):
+        return frozenset()
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, opsets: dict[str, int]):
+        self.model = model
+        self.opsets = opsets
+        self.graph = Graph("main")
+        self.env: dict[str, Value] = {}
+        self.onnx_types: dict[Value, TypeProto] = {}  # ONNX types of host outputs and opaque inputs
+        self.bindings: dict[str, int] = {}
+        g = model.graph
+        self.declared = {v.name: v.type for v in list(g.value_info) + list(g.output)}
+        self.typer: HostTyper | None = None
+
+    def run(self, input_shapes: dict) -> OnnxImport:
+        inputs = self._add_inputs(input_shapes)
+        self.typer = HostTyper(self.model, self.opsets, self._bound_input_types(inputs))
+        self._add_initializers()
+        for index, node in self._ordered_nodes():
+            self._convert(index, node)
+        outputs = [o.name for o in self.model.graph.output]
+        for name in outputs:
+            if name not in self.env:
+                raise InvalidModelError(f"graph output {name!r} is produced by no node, "
+                                        f"input or initializer")
+        self.graph.outputs = [self.env[name] for name in outputs]
+        self.graph.remove_dead()
+        verify(self.graph)
+        return OnnxImport(self.graph, [v.name for v in inputs], outputs, self.opsets.get("", 0),
+                          [v.dtype for v in inputs])
+
+    # -- inputs and initializers ------------------------------------------
+
+    def _real_inputs(self) -> list:
+        inits = {t.name for t in self.model.graph.initializer}
+        inits |= {t.values.name for t in self.model.graph.sparse_initializer}
+        return [vi for vi in self.model.graph.input if vi.name not in inits]
+
+    def _add_inputs(self, input_shapes: dict) -> list[Value]:
+        real = self._real_inputs()
+        unknown = set(input_shapes) - {vi.name for vi in real}
+        if unknown:
+            raise InputError(f"input_shapes names {sorted(unknown)}, which are not model "
+                             f"inputs; the inputs are {[vi.name for vi in real]}")
+        for vi in real:  # bind symbolic dims from the given shapes first
+            if vi.name in input_shapes:
+                self._bind_given(vi, input_shapes[vi.name])
+        values = []
+        for vi in real:
+            t = self._input_type(vi, input_shapes.get(vi.name))
+            v = self.graph.add_input(vi.name, t)
+            if t.dtype == "opaque":
+                self.onnx_types[v] = vi.type
+            self.env[vi.name] = v
+            values.append(v)
+        return values
+
+    def _bind_given(self, vi, given) -> None:
+        given = tuple(int(d) for d in given)
+        tt = vi.type.tensor_type
+        if vi.type.WhichOneof("value") != "tensor_type":
+            raise InputError(f"input {vi.name!r} is not a tensor; it takes no shape")
+        if not tt.HasField("shape"):
+            return
+        if len(tt.shape.dim) != len(given):
+            raise InputError(f"input {vi.name!r} has rank {len(tt.shape.dim)}, "
+                             f"but input_shapes gives {given}")
+        for d, g in zip(tt.shape.dim, given):
+            if d.HasField("dim_value") and d.dim_value != g:
+                raise InputError(f"input {vi.name!r} has shape {_dims(tt)}; "
+                                 f"input_shapes gives {given}")
+            if d.dim_param:
+                if self.bindings.setdefault(d.dim_param, g) != g:
+                    raise InputError(f"dim {d.dim_param!r} is bound to both "
+                                     f"{self.bindings[d.dim_param]} and {g} (input {vi.name!r})")
+
+    def _input_type(self, vi, given) -> TensorType:
+        if vi.type.WhichOneof("value") != "tensor_type":
+            return TensorType("opaque", ())
+        dtype = dtype_of_elem(vi.type.tensor_type.elem_type)
+        if given is not None:
+            return TensorType(dtype, tuple(int(d) for d in given))
+        t = tensor_type_from_proto(vi.type, self.bindings)
+        if not vi.type.tensor_type.HasField("shape") or not t.static:
+            raise InvalidModelError(
+                f"input {vi.name!r} has shape {_dims(vi.type.tensor_type)} with unknown dims; "
+                f"pass input_shapes={{{vi.name!r}: (...)}} with concrete sizes")
+        return t
+
+    def _bound_input_types(self, inputs: list[Value]) -> dict[str, TypeProto]:
+        out = {}
+        for v in inputs:
+            tp = self.onnx_types.get(v) or proto_from_tensor_type(v.type)
+            if tp is not None:
+                out[v.name] = tp
+        return out
+
+    def _add_initializers(self) -> None:
+        for t in self.model.graph.initializer:
+            arr = array_from_tensor(t)
+            if arr is None:
+                node = helper.make_node("Constant", [], [t.name], value=t)
+                self._host(node, f"initializer {t.name!r}",
+                           f"element type {onnx.TensorProto.DataType.Name(t.data_type)} "
+                           f"has no numpy form in braze")
+                continue
+            v = self.graph.add_node("const", [], {"value": arr}, out_names=[t.name]).output
+            self.env[t.name] = v
+        for t in self.model.graph.sparse_initializer:
+            node = helper.make_node("Constant", [], [t.values.name], sparse_value=t)
+            self._host(node, f"initializer {t.values.name!r}", "sparse initializer")
+
+    # -- nodes --------------------------------------------------------------
+
+    def _ordered_nodes(self) -> list[tuple[int, NodeProto]]:
+        """Nodes in a stable topological order; InvalidModelError on a dangling input or cycle."""
+        nodes = list(self.model.graph.node)
+        producer: dict[str, int] = {}
+        for i, n in enumerate(nodes):
+            for out in n.output:
+                if out and (out in producer or out in self.env):
+                    raise InvalidModelError(f"{describe(n, i)} defines {out!r}, "
+                                            f"which is already defined")
+                if out:
+                    producer[out] = i
+        waiting = [0] * len(nodes)
+        readers: dict[int, list[int]] = {}
+        for i, n in enumerate(nodes):
+            for name in set(list(n.input) + captured_names(n)) - {""}:
+                if name in self.env:
+                    continue
+                if name not in producer:
+                    raise InvalidModelError(f"{describe(n, i)} reads {name!r}, which no node, "
+                                            f"graph input or initializer defines")
+                waiting[i] += 1
+                readers.setdefault(producer[name], []).append(i)
+        return self._kahn(nodes, waiting, readers)
+
+    @staticmethod
+    def _kahn(nodes, waiting, readers) -> list[tuple[int, NodeProto]]:
+        ready = [i for i, w in enumerate(waiting) if w == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append((i, nodes[i]))
+            for r in readers.get(i, []):
+                waiting[r] -= 1
+                if waiting[r] == 0:
+                    heapq.heappush(ready, r)
+        if len(order) < len(nodes):
+            stuck = min(i for i, w in enumerate(waiting) if w > 0)
+            raise InvalidModelError(f"the graph has a cycle: {describe(nodes[stuck], stuck)} "
+                                    f"depends on its own output")
+        return order
+
+    def _schema_version(self, node: NodeProto, desc: str) -> int | None:
+        """The node's ONNX schema version; None for an op only onnxruntime knows."""
+        domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+        if domain in onnx.defs.C.schema_version_map():
+            if not onnx.defs.has(node.op_type, domain):
+                raise InvalidModelError(f"{desc}: unknown op {node.op_type} in domain {domain!r}")
+            if domain not in self.opsets:
+                raise InvalidModelError(f"{desc}: the model imports no opset of domain "
+                                        f"{domain or 'ai.onnx'!r}")
+            schema = onnx_schema(node, self.opsets)
+            if schema is None:
+                raise InvalidModelError(f"{desc}: op {node.op_type} does not exist at opset "
+                                        f"{self.opsets[domain]} of domain {domain or 'ai.onnx'!r}")
+            return schema.since_version
+        if (domain, node.op_type) in _ort_ops():
+            return None
+        raise InvalidModelError(f"{desc}: unknown op {node.op_type} in domain {domain!r} "
+                                f"(neither ONNX nor onnxruntime defines it)")
+
+    def _convert(self, index: int, node: NodeProto) -> None:
+        desc = describe(node, index)
+        version = self._schema_version(node, desc)
+        domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+        if version is None:
+            fn, reason = None, f"no braze converter for {domain}.{node.op_type}"
+        else:
+            fn, reason = lookup(domain, node.op_type, version)
+        inputs = [self.env[name] if name else None for name in node.input]
+        if fn is not None and node.op_type not in PASS_THROUGH:
+            reason = _unconvertible(inputs)
+        ir_failed = False
+        if fn is not None and not reason:
+            start = len(self.graph.nodes)
+            try:
+                outs = fn(NodeContext(self.graph, node, version, inputs, desc))
+                self._bind(node, outs, start)
+                return
+            except Fallback as f:
+                reason = f.reason
+            except IRError as e:
+                reason, ir_failed = f"braze's IR rejects the conversion: {e}", True
+        self._host(node, desc, reason, ir_failed)
+
+    def _bind(self, node: NodeProto, outs: list, start: int) -> None:
+        """Map the node's ONNX outputs to the converter's values, giving new ones ONNX names."""
+        new = {id(o) for n in self.graph.nodes[start:] for o in n.outputs}
+        renamed = set()
+        for i, name in enumerate(node.output):
+            if not name:
+                continue
+            if i >= len(outs) or outs[i] is None:
+                raise Fallback(f"braze does not produce its output {i} ({name!r})")
+        for i, name in enumerate(node.output):
+            if not name:
+                continue
+            v = outs[i]
+            if id(v) in new and id(v) not in renamed:
+                try:
+                    self.graph.rename(v, name)
+                    renamed.add(id(v))
+                except IRError:
+                    pass  # the name is taken (by a braze-made value): keep the fresh one
+            self.env[name] = v
+
+    # -- host nodes ---------------------------------------------------------
+
+    def _host(self, node: NodeProto, desc: str, reason: str, ir_failed: bool = False) -> None:
+        """Add `node` as a host node with the reason; its output types from ONNX inference."""
+        in_names = list(dict.fromkeys(n for n in node.input if n))
+        in_names += [n for n in captured_names(node) if n not in in_names]
+        in_vals = [self.env[n] for n in in_names]
+        in_types = {n: tp for n, v in zip(in_names, in_vals)
+                    if (tp := self.onnx_types.get(v) or proto_from_tensor_type(v.type))}
+        in_data = {n: tensor_from_array(a, n) for n, v in zip(in_names, in_vals)
+                   if (a := const_array(v)) is not None and a.size <= INFERENCE_CONST_LIMIT
+                   and a.dtype != object}
+        found, error = self.typer.infer(node, in_types, in_data)
+        if error and ir_failed:
+            raise InvalidModelError(f"{desc}: {error}")
+        out_names = [o for o in node.output if o]
+        protos = [found.get(o) or self.declared.get(o) for o in out_names]
+        out_types = [tensor_type_from_proto(tp, self.bindings) if tp is not None
+                     else TensorType("opaque", ()) for tp in protos]
+        types = dict(in_types)
+        types.update({o: tp for o, tp in zip(out_names, protos) if tp is not None})
+        payload = make_payload(node, in_names, out_names, self.model.opset_import, types)
+        attrs = {"framework": "onnx", "domain": node.domain, "op_type": node.op_type,
+                 "payload": payload, "reason": reason}
+        n = self.graph.add_node("host", in_vals, attrs, name=node.name, out_names=out_names,
+                                out_types=out_types)
+        for name, v, tp in zip(out_names, n.outputs, protos):
+            self.env[name] = v
+            if tp is not None:
+                self.onnx_types[v] = tp
+
+
+def _unconvertible(inputs: list) -> str:
+    """Why no converter may touch these inputs ("" if it may)."""
+    for v in inputs:
+        if v is None:
+            continue
+        if not v.type.static:
+            return f"input %{v.name} has a data-dependent shape {v.type}"
+        if v.dtype not in NUMPY_DTYPES:
+            return f"input %{v.name} has dtype {v.dtype}, which braze does not compute with"
+    return ""
+
+
+def _dims(tt) -> str:
+    """An ONNX tensor type's shape as text: (N, 3, ?)."""
+    if not tt.HasField("shape"):
+        return "(unknown rank)"
+    dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in tt.shape.dim]
+    return "(" + ", ".join(dims) + ")"

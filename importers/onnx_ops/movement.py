@@ -1,0 +1,254 @@
+"""Data movement: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split,
+Slice, Pad, Gather, Expand, Tile, DepthToSpace, SpaceToDepth.
+
+Every shape-like input (Reshape's shape, Slice's starts, Pad's pads, ...) must
+be a constant after folding; the IR ops take them as static attributes.
+ONNX Slice clamping (negative, out-of-range and INT_MAX bounds, negative steps)
+is exactly Python's `slice.indices`, which turns it into the IR's
+(start, step, size) form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from importers.onnx_ops import Fallback, converter
+from importers.onnx_ops.context import NodeContext
+
+
+def _prod(xs) -> int:
+    return int(np.prod(xs, dtype=np.int64)) if len(xs) else 1
+
+
+@converter("Reshape", 5)
+def convert_reshape(cx: NodeContext):
+    """0 copies the input dim (unless allowzero), -1 is inferred."""
+    x = cx.x
+    shape = cx.ints_input(1, "shape")
+    allowzero = cx.attr("allowzero", 0)
+    out = [x.shape[i] if d == 0 and not allowzero and i < x.type.rank else d
+           for i, d in enumerate(shape)]
+    if out.count(-1) > 1:
+        raise Fallback(f"Reshape to {shape} has more than one -1")
+    if -1 in out:
+        known = _prod([d for d in out if d != -1])
+        if known == 0:
+            raise Fallback(f"Reshape of {x.shape} to {shape}: -1 beside a zero dim")
+        out[out.index(-1)] = x.type.size // known
+    return [cx.reshape(x, out)]
+
+
+@converter("Flatten", 1)
+def convert_flatten(cx: NodeContext):
+    x = cx.x
+    axis = cx.attr("axis", 1)
+    axis = axis + x.type.rank if axis < 0 else axis
+    return [cx.reshape(x, (_prod(x.shape[:axis]), _prod(x.shape[axis:])))]
+
+
+def _axes(cx: NodeContext, attr_until: int, what: str = "axes") -> list[int] | None:
+    """Axes from the attribute (schema versions before attr_until) or input 1."""
+    if cx.version < attr_until:
+        axes = cx.attr("axes")
+        return None if axes is None else list(axes)
+    return cx.ints_input(1, what)
+
+
+@converter("Squeeze", 1)
+def convert_squeeze(cx: NodeContext):
+    x = cx.x
+    axes = _axes(cx, 13)
+    if axes is None:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    axes = {cx.axis(a, x.type.rank) for a in axes}
+    if any(x.shape[a] != 1 for a in axes):
+        raise Fallback(f"Squeeze of axes {sorted(axes)} that are not 1 in {x.shape}")
+    return [cx.reshape(x, [d for i, d in enumerate(x.shape) if i not in axes])]
+
+
+@converter("Unsqueeze", 1)
+def convert_unsqueeze(cx: NodeContext):
+    x = cx.x
+    axes = _axes(cx, 13)
+    rank = x.type.rank + len(axes)
+    axes = sorted(cx.axis(a, rank) for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return [cx.reshape(x, shape)]
+
+
+@converter("Transpose", 1)
+def convert_transpose(cx: NodeContext):
+    perm = cx.attr("perm") or list(range(cx.x.type.rank))[::-1]
+    return [cx.transpose(cx.x, perm)]
+
+
+@converter("Concat", 4)
+def convert_concat(cx: NodeContext):
+    first = cx.inputs[0]
+    axis = cx.axis(cx.attr("axis"), first.type.rank)
+    return [cx.op("concat", *cx.inputs, axis=axis)]
+
+
+def slice_axis(cx: NodeContext, v, axis: int, start: int, step: int, size: int):
+    """`v` sliced along one axis (start, step, size in the IR's form)."""
+    starts = [0] * v.type.rank
+    steps = [1] * v.type.rank
+    sizes = list(v.shape)
+    starts[axis], steps[axis], sizes[axis] = (start if size else 0), step, size
+    if sizes == list(v.shape) and step == 1:
+        return v
+    return cx.op("slice", v, starts=tuple(starts), steps=tuple(steps), sizes=tuple(sizes))
+
+
+def _split_sizes(cx: NodeContext, dim: int) -> list[int]:
+    n_out = len(cx.node.output)
+    split = cx.attr("split") if cx.version < 13 else cx.ints_input(1, "split")
+    if split is not None:
+        split = list(split)
+        if sum(split) != dim or len(split) != n_out:
+            raise Fallback(f"split {split} does not cover dim {dim} with {n_out} outputs")
+        return split
+    parts = cx.attr("num_outputs", n_out)
+    chunk = -(-dim // parts)
+    sizes = [max(0, min(chunk, dim - i * chunk)) for i in range(parts)]
+    if cx.version < 18 and dim % parts:
+        raise Fallback(f"dim {dim} does not split evenly into {parts} outputs")
+    return sizes
+
+
+@converter("Split", 2)
+def convert_split(cx: NodeContext):
+    x = cx.x
+    axis = cx.axis(cx.attr("axis", 0), x.type.rank)
+    outs, start = [], 0
+    for size in _split_sizes(cx, x.shape[axis]):
+        outs.append(slice_axis(cx, x, axis, start, 1, size) if size != x.shape[axis] else x)
+        start += size
+    return outs
+
+
+def _slice_params(cx: NodeContext):
+    if cx.version < 10:
+        starts, ends = list(cx.attr("starts")), list(cx.attr("ends"))
+        return starts, ends, cx.attr("axes"), None
+    return (cx.ints_input(1, "starts"), cx.ints_input(2, "ends"),
+            cx.ints_input(3, "axes"), cx.ints_input(4, "steps"))
+
+
+@converter("Slice", 1)
+def convert_slice(cx: NodeContext):
+    x = cx.x
+    starts, ends, axes, steps = _slice_params(cx)
+    axes = list(range(len(starts))) if axes is None else list(axes)
+    steps = [1] * len(starts) if steps is None else steps
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise Fallback("Slice starts/ends/axes/steps differ in length")
+    begin, stride, size = [0] * x.type.rank, [1] * x.type.rank, list(x.shape)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if st == 0:
+            raise Fallback("Slice step 0")
+        a = cx.axis(a, x.type.rank)
+        r = range(*slice(s, e, st).indices(x.shape[a]))
+        begin[a], stride[a], size[a] = (r.start if len(r) else 0), r.step, len(r)
+    if size == list(x.shape) and stride == [1] * x.type.rank:
+        return [x]
+    return [cx.op("slice", x, starts=tuple(begin), steps=tuple(stride), sizes=tuple(size))]
+
+
+def _pad_params(cx: NodeContext):
+    """(pads begin..end for every axis, mode, constant value)."""
+    rank = cx.x.type.rank
+    mode = cx.attr("mode", "constant")
+    if cx.version < 11:
+        return list(cx.attr("pads")), mode, cx.attr("value", 0.0)
+    pads = cx.ints_input(1, "pads")
+    value = cx.const_input(2, "constant_value")
+    axes = cx.ints_input(3, "axes")
+    if axes is not None:
+        full = [0] * (2 * rank)
+        for i, a in enumerate(axes):
+            a = cx.axis(a, rank)
+            full[a], full[a + rank] = pads[i], pads[i + len(axes)]
+        pads = full
+    return pads, mode, 0.0 if value is None or value.size == 0 else value.reshape(-1)[0].item()
+
+
+@converter("Pad", 2)
+def convert_pad(cx: NodeContext):
+    """Negative pads crop (a slice first); the rest is one IR pad."""
+    x = cx.x
+    rank = x.type.rank
+    pads, mode, value = _pad_params(cx)
+    if len(pads) != 2 * rank:
+        raise Fallback(f"{len(pads)} pads for rank {rank}")
+    for a in range(rank):
+        lo, hi = min(pads[a], 0), min(pads[a + rank], 0)
+        if lo or hi:
+            x = slice_axis(cx, x, a, -lo, 1, x.shape[a] + lo + hi)
+    positive = tuple(max(p, 0) for p in pads)
+    if not any(positive):
+        return [x]
+    if x.dtype == "bool" or (x.dtype[0] in "iu" and float(value) != int(value)):
+        raise Fallback(f"Pad value {value} for dtype {x.dtype}")
+    return [cx.op("pad", x, pads=positive, mode=mode, value=float(value))]
+
+
+@converter("Gather", 1)
+def convert_gather(cx: NodeContext):
+    data, idx = cx.inputs
+    return [cx.op("gather", data, idx, axis=cx.axis(cx.attr("axis", 0), data.type.rank))]
+
+
+@converter("Expand", 8)
+def convert_expand(cx: NodeContext):
+    """Bidirectional broadcast of x against the (constant) shape."""
+    x = cx.x
+    shape = cx.ints_input(1, "shape")
+    try:
+        out = np.broadcast_shapes(x.shape, tuple(shape))
+    except ValueError:
+        raise Fallback(f"Expand of {x.shape} to {shape}: shapes do not broadcast") from None
+    return [x if out == x.shape else cx.op("broadcast", x, shape=out)]
+
+
+@converter("Tile", 6)
+def convert_tile(cx: NodeContext):
+    """x (d0, d1..) -> reshape (1, d0, 1, d1..) -> broadcast (r0, d0, r1, d1..) -> merge."""
+    x = cx.x
+    reps = cx.ints_input(1, "repeats")
+    if len(reps) != x.type.rank or any(r < 0 for r in reps):
+        raise Fallback(f"Tile repeats {reps} for rank {x.type.rank}")
+    if all(r == 1 for r in reps):
+        return [x]
+    split = [d for dim in x.shape for d in (1, dim)]
+    wide = [d for r, dim in zip(reps, x.shape) for d in (r, dim)]
+    y = cx.op("broadcast", cx.reshape(x, split), shape=tuple(wide))
+    return [cx.reshape(y, [r * d for r, d in zip(reps, x.shape)])]
+
+
+@converter("DepthToSpace", 1)
+def convert_depth_to_space(cx: NodeContext):
+    x = cx.x
+    if x.type.rank != 4:
+        raise Fallback("DepthToSpace needs a rank-4 input")
+    b = cx.attr("blocksize")
+    n, c, h, w = x.shape
+    if cx.attr("mode", "DCR") == "DCR":
+        y = cx.transpose(cx.reshape(x, (n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
+    else:
+        y = cx.transpose(cx.reshape(x, (n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
+    return [cx.reshape(y, (n, c // (b * b), h * b, w * b))]
+
+
+@converter("SpaceToDepth", 1)
+def convert_space_to_depth(cx: NodeContext):
+    x = cx.x
+    if x.type.rank != 4:
+        raise Fallback("SpaceToDepth needs a rank-4 input")
+    b = cx.attr("blocksize")
+    n, c, h, w = x.shape
+    perm = (0, 1, 3, 5, 2, 4) if cx.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    y = cx.transpose(cx.reshape(x, (n, c, h // b, b, w // b, b)), perm)
+    return [cx.reshape(y, (n, c * b * b, h // b, w // b))]

@@ -1,0 +1,185 @@
+"""Contractions, pooling and softmax: MatMul, Gemm, Conv, MaxPool/AveragePool,
+GlobalAveragePool/GlobalMaxPool, Softmax/LogSoftmax.
+
+Softmax is decomposed the numerically stable way, as XLA does with
+tf.nn.softmax: m = max(x), e = exp(x - m), y = e / sum(e) (LogSoftmax:
+(x - m) - log(sum(e))). Before opset 13 the input is coerced to 2-D at `axis`,
+so the reductions run over every axis from `axis` on; from 13 over one axis.
+
+auto_pad SAME_UPPER / SAME_LOWER give out = ceil(in / stride) and split the
+total padding with the extra element at the end (UPPER) or the start (LOWER).
+ceil_mode grows the end padding until the floor formula yields the ceil size.
+"""
+
+from __future__ import annotations
+
+import math
+
+from importers.onnx_ops import Fallback, converter
+from importers.onnx_ops.context import NodeContext
+
+# -- softmax ----------------------------------------------------------------
+
+
+def _softmax_axes(cx: NodeContext) -> list[int]:
+    rank = cx.x.type.rank
+    if cx.version < 13:
+        return list(range(cx.axis(cx.attr("axis", 1), rank), rank))
+    return [cx.axis(cx.attr("axis", -1), rank)]
+
+
+def _shifted_exp(cx: NodeContext):
+    """(x - max(x), exp(x - max(x)), sum of the exps) over the softmax axes."""
+    axes = _softmax_axes(cx)
+    shifted = cx.op("sub", cx.x, cx.reduce("max", cx.x, axes))
+    e = cx.op("exp", shifted)
+    return shifted, e, cx.reduce("sum", e, axes)
+
+
+@converter("Softmax", 1)
+def convert_softmax(cx: NodeContext):
+    _, e, total = _shifted_exp(cx)
+    return [cx.op("div", e, total)]
+
+
+@converter("LogSoftmax", 1)
+def convert_log_softmax(cx: NodeContext):
+    shifted, _, total = _shifted_exp(cx)
+    return [cx.op("sub", shifted, cx.op("log", total))]
+
+
+# -- matmul and gemm ----------------------------------------------------------
+
+
+def matmul(cx: NodeContext, a, b):
+    """numpy matmul semantics, rank-1 operands included (reshaped around the IR op)."""
+    if a.type.rank == 0 or b.type.rank == 0:
+        raise Fallback("MatMul of a scalar")
+    a2 = cx.reshape(a, (1,) + a.shape) if a.type.rank == 1 else a
+    b2 = cx.reshape(b, b.shape + (1,)) if b.type.rank == 1 else b
+    y = cx.op("matmul", a2, b2)
+    shape = y.shape
+    if b.type.rank == 1:
+        shape = shape[:-1]
+    if a.type.rank == 1:
+        shape = shape[:-2] + shape[-1:] if b.type.rank > 1 else shape[:-1]
+    return cx.reshape(y, shape)
+
+
+@converter("MatMul", 1)
+def convert_matmul(cx: NodeContext):
+    return [matmul(cx, cx.inputs[0], cx.inputs[1])]
+
+
+@converter("Gemm", 7)
+def convert_gemm(cx: NodeContext):
+    """alpha * A' @ B' + beta * C, A' and B' optionally transposed."""
+    a, b, c = cx.input(0), cx.input(1), cx.input(2)
+    if cx.attr("transA", 0):
+        a = cx.transpose(a, (1, 0))
+    if cx.attr("transB", 0):
+        b = cx.transpose(b, (1, 0))
+    y = cx.op("matmul", a, b)
+    alpha, beta = cx.attr("alpha", 1.0), cx.attr("beta", 1.0)
+    if alpha != 1.0:
+        y = cx.op("mul", y, cx.scalar(alpha, y.dtype))
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = cx.op("mul", c, cx.scalar(beta, c.dtype))
+        y = cx.op("add", y, c)
+    return [y]
+
+
+# -- windows: conv and pooling ------------------------------------------------
+
+
+def _auto_pads(cx: NodeContext, in_dims, kernel, strides, dilations) -> list[int]:
+    """Explicit begin..end pads from auto_pad (or the pads attribute)."""
+    n = len(in_dims)
+    mode = cx.attr("auto_pad", "NOTSET")
+    if mode in ("NOTSET", ""):
+        return list(cx.attr("pads", [0] * (2 * n)))
+    if mode == "VALID":
+        return [0] * (2 * n)
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        raise Fallback(f"unknown auto_pad {mode!r}")
+    begin, end = [], []
+    for i in range(n):
+        out = -(-in_dims[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_dims[i])
+        small, big = total // 2, total - total // 2
+        begin.append(small if mode == "SAME_UPPER" else big)
+        end.append(big if mode == "SAME_UPPER" else small)
+    return begin + end
+
+
+def _window_attrs(cx: NodeContext, in_dims, kernel) -> dict:
+    n = len(in_dims)
+    strides = list(cx.attr("strides", [1] * n))
+    dilations = list(cx.attr("dilations", [1] * n))
+    pads = _auto_pads(cx, in_dims, kernel, strides, dilations)
+    if cx.attr("ceil_mode", 0):
+        pads = _ceil_pads(in_dims, kernel, strides, dilations, pads)
+    return {"strides": tuple(strides), "pads": tuple(pads), "dilations": tuple(dilations)}
+
+
+def _ceil_pads(in_dims, kernel, strides, dilations, pads) -> list[int]:
+    """Grow end pads so floor division gives the ceil_mode output size.
+
+    As ONNX Runtime does, a last window that would start inside the end padding
+    is dropped.
+    """
+    n = len(in_dims)
+    pads = list(pads)
+    for i in range(n):
+        span = dilations[i] * (kernel[i] - 1) + 1
+        padded = in_dims[i] + pads[i] + pads[i + n]
+        out = math.ceil((padded - span) / strides[i]) + 1
+        if (out - 1) * strides[i] >= in_dims[i] + pads[i]:
+            out -= 1
+        pads[i + n] += max(0, (out - 1) * strides[i] + span - padded)
+    return pads
+
+
+@converter("Conv", 1)
+def convert_conv(cx: NodeContext):
+    x, w, b = cx.input(0), cx.input(1), cx.input(2)
+    kernel = list(cx.attr("kernel_shape", w.shape[2:]))
+    if tuple(kernel) != tuple(w.shape[2:]):
+        raise Fallback(f"kernel_shape {kernel} differs from the weight's {w.shape[2:]}")
+    attrs = _window_attrs(cx, x.shape[2:], kernel)
+    inputs = [x, w] + ([b] if b is not None else [])
+    return [cx.op("conv", *inputs, group=cx.attr("group", 1), **attrs)]
+
+
+@converter("MaxPool", 1)
+def convert_max_pool(cx: NodeContext):
+    if cx.wants_output(1):
+        raise Fallback("MaxPool's Indices output is not expressible in braze's IR")
+    if cx.attr("storage_order", 0):
+        raise Fallback("MaxPool storage_order=1")
+    kernel = list(cx.attr("kernel_shape"))
+    attrs = _window_attrs(cx, cx.x.shape[2:], kernel)
+    return [cx.op("max_pool", cx.x, kernel=tuple(kernel), **attrs)]
+
+
+@converter("AveragePool", 1)
+def convert_avg_pool(cx: NodeContext):
+    kernel = list(cx.attr("kernel_shape"))
+    include_pad = bool(cx.attr("count_include_pad", 0))
+    if include_pad and cx.attr("ceil_mode", 0):
+        raise Fallback("AveragePool with ceil_mode and count_include_pad: the extra "
+                       "ceil window is not counted as padding")
+    attrs = _window_attrs(cx, cx.x.shape[2:], kernel)
+    return [cx.op("avg_pool", cx.x, kernel=tuple(kernel), count_include_pad=include_pad,
+                  **attrs)]
+
+
+@converter("GlobalAveragePool", 1)
+def convert_global_avg_pool(cx: NodeContext):
+    return [cx.mean(cx.x, range(2, cx.x.type.rank))]
+
+
+@converter("GlobalMaxPool", 1)
+def convert_global_max_pool(cx: NodeContext):
+    return [cx.reduce("max", cx.x, range(2, cx.x.type.rank))]

@@ -1,0 +1,99 @@
+"""Normalizations, decomposed into primitives.
+
+BatchNormalization (inference) is y = x * s + t with per-channel
+    s = gamma / sqrt(var + eps),  t = beta - mean * s
+computed from the constants at import (folded), shaped (C, 1, ..., 1), so the
+fold pass can merge the mul and add into a preceding Conv or Gemm.
+InstanceNormalization, LayerNormalization, RMSNormalization and
+GroupNormalization normalize with mean and biased variance over their axes:
+    y = (x - mean) / sqrt(var + eps) * scale + bias
+"""
+
+from __future__ import annotations
+
+from importers.onnx_ops import Fallback, converter
+from importers.onnx_ops.context import NodeContext
+
+
+def _channel_shape(x, rank_from: int = 2) -> tuple:
+    """(C, 1, ..., 1): a per-channel vector shaped to broadcast against N, C, spatial."""
+    return (x.shape[1],) + (1,) * (x.type.rank - rank_from)
+
+
+def _normalize(cx: NodeContext, x, axes, eps: float):
+    """((x - mean) / sqrt(var + eps), mean, 1 / sqrt(var + eps)) over `axes`."""
+    mean = cx.mean(x, axes)
+    centered = cx.op("sub", x, mean)
+    var = cx.mean(cx.op("mul", centered, centered), axes)
+    inv_std = cx.op("reciprocal", cx.op("sqrt", cx.op("add", var, cx.scalar(eps, x.dtype))))
+    return cx.op("mul", centered, inv_std), mean, inv_std
+
+
+@converter("BatchNormalization", 7)
+def convert_batch_norm(cx: NodeContext):
+    if cx.attr("training_mode", 0):
+        raise Fallback("BatchNormalization in training mode")
+    if cx.version < 9 and not cx.attr("spatial", 1):
+        raise Fallback("BatchNormalization with spatial=0")
+    if any(cx.wants_output(i) for i in range(1, 5)):
+        raise Fallback("BatchNormalization's running statistics outputs are requested")
+    x, gamma, beta, mean, var = cx.inputs[:5]
+    eps = cx.attr("epsilon", 1e-5)
+    scale = cx.op("div", gamma, cx.op("sqrt", cx.op("add", var, cx.scalar(eps, var.dtype))))
+    shift = cx.op("sub", beta, cx.op("mul", mean, scale))
+    scale = cx.cast(cx.reshape(scale, _channel_shape(x)), x.dtype)
+    shift = cx.cast(cx.reshape(shift, _channel_shape(x)), x.dtype)
+    return [cx.op("add", cx.op("mul", x, scale), shift)]
+
+
+@converter("InstanceNormalization", 6)
+def convert_instance_norm(cx: NodeContext):
+    x, scale, bias = cx.inputs
+    y, _, _ = _normalize(cx, x, range(2, x.type.rank), cx.attr("epsilon", 1e-5))
+    y = cx.op("mul", y, cx.reshape(scale, _channel_shape(x)))
+    return [cx.op("add", y, cx.reshape(bias, _channel_shape(x)))]
+
+
+@converter("LayerNormalization", 17)
+def convert_layer_norm(cx: NodeContext):
+    """Normalize over axes axis..rank-1; stash_type=1 computes in f32 (as ONNX says)."""
+    x, scale, bias = cx.input(0), cx.input(1), cx.input(2)
+    rank = x.type.rank
+    axes = range(cx.axis(cx.attr("axis", -1), rank), rank)
+    stash = "f32" if cx.attr("stash_type", 1) == 1 else x.dtype
+    y, mean, inv_std = _normalize(cx, cx.cast(x, stash), axes, cx.attr("epsilon", 1e-5))
+    y = cx.cast(y, x.dtype)
+    y = cx.op("mul", y, scale)
+    if bias is not None:
+        y = cx.op("add", y, bias)
+    return [y, mean, inv_std]
+
+
+@converter("RMSNormalization", 23)
+def convert_rms_norm(cx: NodeContext):
+    """x / sqrt(mean(x^2) + eps) * scale over axes axis..rank-1."""
+    x, scale = cx.input(0), cx.input(1)
+    rank = x.type.rank
+    axes = range(cx.axis(cx.attr("axis", -1), rank), rank)
+    stash = "f32" if cx.attr("stash_type", 1) == 1 else x.dtype
+    xs = cx.cast(x, stash)
+    ms = cx.mean(cx.op("mul", xs, xs), axes)
+    eps = cx.scalar(cx.attr("epsilon", 1e-5), stash)
+    inv = cx.op("reciprocal", cx.op("sqrt", cx.op("add", ms, eps)))
+    return [cx.op("mul", cx.cast(cx.op("mul", xs, inv), x.dtype), scale)]
+
+
+@converter("GroupNormalization", 21)
+def convert_group_norm(cx: NodeContext):
+    """Reshape to (N, G, rest), normalize over rest, reshape back, per-channel affine."""
+    x, scale, bias = cx.inputs
+    groups = cx.attr("num_groups")
+    n, c = x.shape[:2]
+    if groups <= 0 or c % groups:
+        raise Fallback(f"{c} channels do not split into {groups} groups")
+    stash = "f32" if cx.attr("stash_type", 1) == 1 else x.dtype
+    grouped = cx.reshape(cx.cast(x, stash), (n, groups, x.type.size // max(n * groups, 1)))
+    y, _, _ = _normalize(cx, grouped, [2], cx.attr("epsilon", 1e-5))
+    y = cx.cast(cx.reshape(y, x.shape), x.dtype)
+    y = cx.op("mul", y, cx.reshape(scale, _channel_shape(x)))
+    return [cx.op("add", y, cx.reshape(bias, _channel_shape(x)))]
