@@ -1,0 +1,267 @@
+"""`compile_onnx`: an ONNX model in, a callable taking and returning numpy arrays out.
+
+The model is specialized to the concrete input shapes of each call, as XLA
+does: import (importers.onnx) -> graph passes -> clustering with the target's
+codegen -> an Executable whose compiled clusters run braze's kernels and whose
+host clusters run on onnxruntime. Specializations are cached per input-shape
+signature (MAX_SPECIALIZATIONS, least recently used dropped first).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.errors import BrazeError, CompileError, InputError
+from compiler.ir import Graph
+from compiler.passes.cluster import (
+    Cluster,
+    describe_partition,
+    outline,
+    partition,
+    singletons,
+)
+
+log = logging.getLogger("braze")
+
+# Distinct input-shape signatures kept compiled per model; a model called with
+# ever-changing shapes recompiles rather than growing without bound.
+MAX_SPECIALIZATIONS = 16
+
+TARGETS = ("cpu",)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Options shared by compile_onnx, onnx_backend.prepare and the torch backend."""
+
+    allow_fallback: bool = True
+    threads: int = 2
+
+    @classmethod
+    def from_kwargs(cls, options: dict) -> "Options":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise BrazeError(f"unknown option(s) {', '.join(unknown)}; "
+                             f"known options: {', '.join(sorted(known))}")
+        opts = cls(**options)
+        if not isinstance(opts.threads, int) or opts.threads < 1:
+            raise BrazeError(f"threads must be a positive integer, got {opts.threads!r}")
+        return opts
+
+
+def codegen_supports(target: str):
+    """The target's `supports(node) -> None | reason` (CONTRACTS.md, codegen)."""
+    try:
+        from compiler.codegen import supports
+    except ImportError:
+        return lambda node: f"no braze codegen for {node.op} on {target} yet"
+    return lambda node: supports(node, target)
+
+
+def run_pipeline(graph: Graph) -> None:
+    """braze's graph passes, in place (compiler/passes/pipeline.py lists them)."""
+    try:
+        from compiler.passes.pipeline import run_passes
+    except ImportError:
+        return
+    run_passes(graph)
+
+
+def plan(graph: Graph, target: str) -> list[Cluster]:
+    """Passes, then clusters of `graph` for `target`."""
+    run_pipeline(graph)
+    return partition(graph, codegen_supports(target))
+
+
+def first_refusal(clusters: list[Cluster]) -> str | None:
+    """'cannot compile <node>: <reason>' for the first node braze would leave to the host."""
+    for c in clusters:
+        if not c.compiled:
+            n = c.nodes[0]
+            label = n.attrs["op_type"] if n.op == "host" else n.op
+            name = n.name or n.outputs[0].name
+            return f"cannot compile {label} node {name!r}: {c.reasons[n]}"
+    return None
+
+
+def make_step(cluster: Cluster, graph: Graph, target: str, threads: int, opset: int):
+    """The runtime step for one cluster: braze's kernels or an onnxruntime session."""
+    sub = outline(graph, cluster)
+    if cluster.compiled:
+        from compiler.codegen import compile_graph
+
+        compiled = compile_graph(sub, target=target, threads=threads)
+        return compiled.run
+    return host_step(sub, threads, opset)
+
+
+def host_step(sub: Graph, threads: int, opset: int):
+    """One onnxruntime session for the sub-graph; if onnxruntime refuses the whole (old
+    host ops beside ops exported at a newer opset), one session per node instead."""
+    from runtime.executable import build_executable
+    from runtime.fallback_onnx import OnnxHostStep
+
+    try:
+        return OnnxHostStep(sub, threads=threads, opset=opset)
+    except CompileError:
+        parts = singletons(sub)
+        if len(parts) <= 1:
+            raise
+    log.info("onnxruntime refused host cluster %s whole; running its %d nodes one by one",
+             sub.name, len(parts))
+    return build_executable(
+        sub, parts, lambda c: OnnxHostStep(outline(sub, c), threads=threads, opset=opset)).run
+
+
+class _Specialization:
+    """One input-shape signature: its graph, clusters and executable."""
+
+    def __init__(self, model, shapes: dict, target: str, opts: Options):
+        from importers.onnx import import_onnx
+        from runtime.executable import build_executable
+
+        imported = import_onnx(model, input_shapes=shapes)
+        self.graph = imported.graph
+        self.clusters = plan(self.graph, target)
+        if not opts.allow_fallback and (why := first_refusal(self.clusters)):
+            raise CompileError(f"{why} (allow_fallback=False)")
+        self.executable = build_executable(
+            self.graph, self.clusters,
+            lambda c: make_step(c, self.graph, target, opts.threads, imported.opset))
+
+
+class CompiledOnnxModel:
+    """A compiled ONNX model: call it with numpy arrays (positional or by input name)."""
+
+    def __init__(self, model_or_path, target: str = "cpu", **options):
+        from importers.onnx import load_model
+        from importers.onnx_load import check_versions
+
+        if target not in TARGETS:
+            raise BrazeError(f"unknown target {target!r}; braze compiles for {', '.join(TARGETS)}")
+        self.target = target
+        self.options = Options.from_kwargs(options)
+        self._model = load_model(model_or_path)
+        check_versions(self._model)
+        inits = {t.name for t in self._model.graph.initializer}
+        self._inputs = [vi for vi in self._model.graph.input if vi.name not in inits]
+        self.input_names = [vi.name for vi in self._inputs]
+        self.output_names = [o.name for o in self._model.graph.output]
+        self._specs: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- calling ------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs) -> list[np.ndarray]:
+        arrays = self._bind(args, kwargs)
+        spec = self._specialize(arrays)
+        return spec.executable.run(arrays)
+
+    def _bind(self, args, kwargs) -> list:
+        if len(args) > len(self.input_names):
+            raise InputError(f"model takes {len(self.input_names)} inputs "
+                             f"({', '.join(self.input_names)}), got {len(args)} positional")
+        given = dict(zip(self.input_names, args))
+        for k, v in kwargs.items():
+            if k not in self.input_names:
+                raise InputError(f"unknown input {k!r}; the model's inputs are "
+                                 f"{', '.join(self.input_names)}")
+            if k in given:
+                raise InputError(f"input {k!r} given twice (positionally and by name)")
+            given[k] = v
+        missing = [n for n in self.input_names if n not in given]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}; "
+                             f"expected {', '.join(self._describe(vi) for vi in self._inputs)}")
+        return [self._check(vi, given[vi.name]) for vi in self._inputs]
+
+    @staticmethod
+    def _describe(vi) -> str:
+        tt = vi.type.tensor_type
+        if vi.type.WhichOneof("value") != "tensor_type":
+            return f"{vi.name} (non-tensor)"
+        dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+                for d in tt.shape.dim]
+        return f"{vi.name}: {_np_name(tt.elem_type)}[{','.join(dims)}]"
+
+    def _check(self, vi, value):
+        if vi.type.WhichOneof("value") != "tensor_type":
+            return value  # sequences, optionals: onnxruntime checks them
+        tt = vi.type.tensor_type
+        want = _np_dtype(tt.elem_type)
+        if not isinstance(value, np.ndarray):
+            value = np.asarray(value, dtype=want)
+        if want is not None and value.dtype != want:
+            raise InputError(f"input {vi.name!r} must be {want}, got {value.dtype}")
+        if tt.HasField("shape"):
+            dims = tt.shape.dim
+            if len(dims) != value.ndim:
+                raise InputError(f"input {vi.name!r} must have rank {len(dims)} "
+                                 f"({self._describe(vi)}), got shape {value.shape}")
+            for i, (d, n) in enumerate(zip(dims, value.shape)):
+                if d.HasField("dim_value") and d.dim_value != n:
+                    raise InputError(f"input {vi.name!r} dim {i} must be {d.dim_value} "
+                                     f"({self._describe(vi)}), got shape {value.shape}")
+        return value
+
+    def _specialize(self, arrays: list) -> _Specialization:
+        key = tuple(tuple(a.shape) if isinstance(a, np.ndarray) else None for a in arrays)
+        with self._lock:
+            spec = self._specs.get(key)
+            if spec is None:
+                shapes = {n: k for n, k in zip(self.input_names, key) if k is not None}
+                log.info("compiling %s for input shapes %s", self._model.graph.name, shapes)
+                spec = _Specialization(self._model, shapes, self.target, self.options)
+                self._specs[key] = spec
+                while len(self._specs) > MAX_SPECIALIZATIONS:
+                    self._specs.popitem(last=False)
+            self._specs.move_to_end(key)
+            return spec
+
+    # -- introspection ------------------------------------------------------
+
+    def explain(self, input_shapes: dict | None = None) -> str:
+        """Clusters and, for every node not compiled, why (for given or declared shapes)."""
+        shapes = input_shapes or self._declared_shapes()
+        return explain_onnx(self._model, shapes, self.target)
+
+    def _declared_shapes(self) -> dict:
+        if self._specs:
+            key = next(reversed(self._specs))
+            return {n: k for n, k in zip(self.input_names, key) if k is not None}
+        return {}
+
+
+def explain_onnx(model, shapes: dict, target: str = "cpu") -> str:
+    """`braze explain`: import at these shapes, cluster, describe."""
+    from importers.onnx import import_onnx
+
+    imported = import_onnx(model, input_shapes=shapes)
+    return describe_partition(plan(imported.graph, target))
+
+
+def _np_dtype(elem_type: int):
+    import onnx.helper
+
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _np_name(elem_type: int) -> str:
+    dt = _np_dtype(elem_type)
+    return str(dt) if dt is not None else "?"
+
+
+def compile_onnx(model_or_path, target: str = "cpu", **options) -> CompiledOnnxModel:
+    """Compile an ONNX model (path, bytes or ModelProto) for `target` (see Options)."""
+    return CompiledOnnxModel(model_or_path, target, **options)
+
+
