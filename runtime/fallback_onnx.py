@@ -103,6 +103,16 @@ def _binary(em, n, ins, outs):
     em.add(_BINARY[n.op], ins, outs)
 
 
+def _max(em, n, ins, outs):
+    """max(x, 0) is Relu: onnxruntime fuses Relu into the Conv before it, not Max."""
+    zero = n.inputs[1].producer
+    if (zero is not None and zero.op == "const" and zero.attrs["value"].size == 1
+            and float(zero.attrs["value"].reshape(-1)[0]) == 0.0
+            and n.outputs[0].type == n.inputs[0].type and n.inputs[0].dtype in dtypes.FLOATS):
+        return em.add("Relu", ins[:1], outs)
+    em.add("Max", ins, outs)
+
+
 def _ne(em, n, ins, outs):
     em.add("Not", [em.add("Equal", ins)], outs)
 
@@ -231,7 +241,7 @@ _EXPORTERS = {
     **{op: _unary for op in _UNARY},
     **{op: _binary for op in _BINARY},
     "bitand": _bool_bitwise, "bitor": _bool_bitwise, "bitxor": _bool_bitwise,
-    "ne": _ne, "mod": lambda em, n, i, o: _mod(em, n, i, o, 0),
+    "max": _max, "ne": _ne, "mod": lambda em, n, i, o: _mod(em, n, i, o, 0),
     "fmod": lambda em, n, i, o: _mod(em, n, i, o, 1), "expm1": _expm1, "log1p": _log1p,
     "shl": _shift, "shr": _shift, "cast": _cast, "select": _select,
     **{op: _reduce for op in _REDUCE}, "argmax": _arg, "argmin": _arg,
@@ -317,12 +327,29 @@ def export_onnx(graph: Graph, *, output_names: list[str] | None = None, opset: i
     inputs = [helper.make_value_info(v.name, _value_type(em, v)) for v in graph.inputs]
     outputs = [helper.make_value_info(o, _value_type(em, v)) for o, v in
                zip(out_names, graph.outputs)]
-    g = helper.make_graph(em.nodes, name, inputs, outputs, em.inits)
+    g = helper.make_graph(em.nodes, name, inputs, outputs, _used(em.inits, em.nodes, out_names))
     opsets = [helper.make_opsetid("", em.opset)]
     opsets += [helper.make_opsetid(d, v) for d, v in sorted(em.other_opsets.items())]
     model = helper.make_model(g, opset_imports=opsets, producer_name="braze")
     model.ir_version = _min_ir_version(em.opset)
     return model
+
+
+def _used(inits: list, nodes: list, outputs: list[str]) -> list:
+    """The initializers some node or graph output reads (a peephole may orphan one)."""
+    read = set(outputs)
+    _reads(nodes, read)
+    return [t for t in inits if t.name in read]
+
+
+def _reads(nodes, read: set) -> None:
+    """Every name the nodes read, their subgraphs' nodes included (outer-scope reads)."""
+    for node in nodes:
+        read.update(node.input)
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _reads(g.node, read)
+                read.update(o.name for o in g.output)
 
 
 def _min_ir_version(opset: int) -> int:
