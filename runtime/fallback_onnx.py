@@ -361,28 +361,35 @@ def _min_ir_version(opset: int) -> int:
 
 
 def _graph_outputs(em: _Emitter, graph: Graph, wanted: list[str] | None) -> list[str]:
-    """ONNX names for the graph outputs: each distinct, never an input (Identity where needed)."""
+    """ONNX names for the graph outputs: each distinct, never an input.
+
+    A wanted name is given to the producing value itself where that is safe (the
+    value is computed here and no subgraph reads it by name); else an Identity.
+    """
     names: list[str] = []
     inputs = {v.name for v in graph.inputs}
+    in_place = not any(n.op == "host" for n in graph.nodes)
     for i, v in enumerate(graph.outputs):
         want = wanted[i] if wanted else v.name
         if want == v.name and want not in names and want not in inputs:
             names.append(want)
             continue
-        if want in names or (want != v.name and want in em.names):
-            if wanted:
-                _rename_value(em, want)
-            else:
-                want = em.fresh(v.name)
-        em.add("Identity", [v.name], [want])
+        if want in names or want in inputs:
+            raise CompileError(f"output name {want!r} is used twice or names an input")
+        if want in em.names:
+            _rename_value(em, want, em.fresh(want))
+        if in_place and v.name not in inputs and v.name not in names and v not in graph.outputs[
+                i + 1:]:
+            _rename_value(em, v.name, want)
+        else:
+            em.add("Identity", [v.name], [want])
         em.names.add(want)
         names.append(want)
     return names
 
 
-def _rename_value(em: _Emitter, name: str) -> None:
-    """Move an internal value off `name` so a graph output can take it."""
-    new = em.fresh(name)
+def _rename_value(em: _Emitter, name: str, new: str) -> None:
+    """Rename a value of the emitted graph everywhere it appears."""
     for node in em.nodes:
         node.input[:] = [new if x == name else x for x in node.input]
         node.output[:] = [new if x == name else x for x in node.output]

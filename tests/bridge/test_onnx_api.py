@@ -1,0 +1,146 @@
+"""bridge.compile_onnx: numerics vs onnxruntime, calling conventions, shapes, errors, threads."""
+
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import bridge
+from bridge import CompileError, InputError
+
+RNG = np.random.default_rng(0)
+
+
+def _mlp(batch="N") -> onnx.ModelProto:
+    """softmax(relu(x @ w + b) * 2): symbolic batch, two inputs (x, scale)."""
+    inits = [numpy_helper.from_array(RNG.standard_normal((8, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(RNG.standard_normal(4).astype(np.float32), "b")]
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["g"], name="gemm"),
+             helper.make_node("Relu", ["g"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "scale"], ["m"], name="mul"),
+             helper.make_node("Softmax", ["m"], ["y"], axis=-1, name="softmax")]
+    g = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _inputs(n=3):
+    return RNG.standard_normal((n, 8)).astype(np.float32), np.array([2.0], np.float32)
+
+
+def test_matches_onnxruntime_positional_and_keyword():
+    model = _mlp()
+    m = bridge.compile_onnx(model)
+    assert m.input_names == ["x", "scale"] and m.output_names == ["y"]
+    x, s = _inputs()
+    ref = _ort(model, {"x": x, "scale": s})[0]
+    np.testing.assert_allclose(m(x, s)[0], ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m(scale=s, x=x)[0], ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m(x, scale=s)[0], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_new_shape_respecializes_and_is_cached():
+    model = _mlp()
+    m = bridge.compile_onnx(model)
+    for n in (1, 5, 1, 5):
+        x, s = _inputs(n)
+        np.testing.assert_allclose(m(x, s)[0], _ort(model, {"x": x, "scale": s})[0],
+                                   rtol=1e-5, atol=1e-6)
+    assert len(m._specs) == 2
+
+
+def test_from_path_and_threads(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(_mlp(2), path)
+    m = bridge.compile_onnx(str(path), threads=1)
+    x, s = _inputs(2)
+    assert m(x, s)[0].shape == (2, 4)
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda m, x, s: m(x), ["missing", "scale"]),
+    (lambda m, x, s: m(x, s, s), ["takes 2 inputs"]),
+    (lambda m, x, s: m(x, s, extra=s), ["unknown input", "extra"]),
+    (lambda m, x, s: m(x, x=x, scale=s), ["given twice"]),
+    (lambda m, x, s: m(x.astype(np.float64), s), ["float32", "float64"]),
+    (lambda m, x, s: m(x[0], s), ["rank 2"]),
+    (lambda m, x, s: m(x[:, :3], s), ["dim 1 must be 8"]),
+])
+def test_bad_calls_raise_input_error(call, words):
+    m = bridge.compile_onnx(_mlp())
+    x, s = _inputs()
+    with pytest.raises(InputError) as e:
+        call(m, x, s)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_unknown_option_and_target():
+    with pytest.raises(bridge.BrazeError, match="unknown option"):
+        bridge.compile_onnx(_mlp(), fast=True)
+    with pytest.raises(bridge.BrazeError, match="unknown target"):
+        bridge.compile_onnx(_mlp(), target="tpu")
+
+
+def test_allow_fallback_false_names_the_node():
+    m = bridge.compile_onnx(_mlp(), allow_fallback=False)
+    x, s = _inputs()
+    with pytest.raises(CompileError, match=r"cannot compile .* node '.*': "):
+        m(x, s)
+
+
+def test_explain_lists_clusters_and_reasons():
+    m = bridge.compile_onnx(_mlp(2))
+    text = m.explain()
+    assert "cluster 0" in text and "not compiled" in text
+
+
+def test_outputs_do_not_alias_inputs_or_each_other():
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "id",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])])
+    m = bridge.compile_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.arange(3, dtype=np.float32)
+    y, x_out = m(x)
+    y[0] = 42
+    x_out[1] = 42
+    np.testing.assert_array_equal(x, [0, 1, 2])
+    assert y[1] == 1
+
+
+def test_concurrent_calls_give_the_same_answers():
+    model = _mlp()
+    m = bridge.compile_onnx(model)
+    batches = [_inputs(n) for n in (1, 2, 3, 4) * 4]
+    refs = [_ort(model, {"x": x, "scale": s})[0] for x, s in batches]
+    results = [None] * len(batches)
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(5):
+                results[i] = m(*batches[i])[0]
+        except Exception as e:  # collected and re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for got, ref in zip(results, refs):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
