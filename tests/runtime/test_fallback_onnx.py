@@ -18,7 +18,7 @@ def _data(dtype, shape, positive=False):
     if dtype == "bool":
         return RNG.integers(0, 2, shape).astype(bool)
     if dtype.startswith(("i", "u")):
-        lo = 1 if positive else -5
+        lo = 1 if positive else -3
         return RNG.integers(lo if dtype.startswith("i") else 1, 4, shape).astype(NP[dtype])
     x = RNG.uniform(0.2 if positive else -0.9, 0.9, shape)
     return x.astype(NP[dtype])
