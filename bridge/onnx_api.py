@@ -165,7 +165,7 @@ class CompiledOnnxModel:
 
     def _bind(self, args, kwargs) -> list:
         if len(args) > len(self.input_names):
-            raise InputError(f"model takes {len(self.input_names)} inputs "
+            raise InputError(f"model takes {len(self.input_names)} input(s) "
                              f"({', '.join(self.input_names)}), got {len(args)} positional")
         given = dict(zip(self.input_names, args))
         for k, v in kwargs.items():

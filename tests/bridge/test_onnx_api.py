@@ -70,7 +70,7 @@ def test_from_path_and_threads(tmp_path):
 
 @pytest.mark.parametrize("call,words", [
     (lambda m, x, s: m(x), ["missing", "scale"]),
-    (lambda m, x, s: m(x, s, s), ["takes 2 inputs"]),
+    (lambda m, x, s: m(x, s, s), ["takes 2 input(s)"]),
     (lambda m, x, s: m(x, s, extra=s), ["unknown input", "extra"]),
     (lambda m, x, s: m(x, x=x, scale=s), ["given twice"]),
     (lambda m, x, s: m(x.astype(np.float64), s), ["float32", "float64"]),
