@@ -93,17 +93,29 @@ def test_unknown_option_and_target():
         bridge.compile_onnx(_mlp(), target="tpu")
 
 
+def _with_cumsum() -> onnx.ModelProto:
+    """relu(cumsum(x)): CumSum has no braze converter, so it runs on onnxruntime."""
+    axis = numpy_helper.from_array(np.array(0, np.int64), "axis")
+    nodes = [helper.make_node("CumSum", ["x", "axis"], ["c"], name="cumsum0"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu0")]
+    g = helper.make_graph(nodes, "cs", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                       [5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5])], [axis])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_allow_fallback_false_names_the_node():
-    m = bridge.compile_onnx(_mlp(), allow_fallback=False)
-    x, s = _inputs()
-    with pytest.raises(CompileError, match=r"cannot compile .* node '.*': "):
-        m(x, s)
+    x = RNG.standard_normal(5).astype(np.float32)
+    np.testing.assert_allclose(bridge.compile_onnx(_with_cumsum())(x)[0],
+                               np.maximum(np.cumsum(x), 0), rtol=1e-6)
+    m = bridge.compile_onnx(_with_cumsum(), allow_fallback=False)
+    with pytest.raises(CompileError, match=r"cannot compile CumSum node 'cumsum0': .*CumSum"):
+        m(x)
 
 
 def test_explain_lists_clusters_and_reasons():
-    m = bridge.compile_onnx(_mlp(2))
-    text = m.explain()
-    assert "cluster 0" in text and "not compiled" in text
+    text = bridge.compile_onnx(_with_cumsum()).explain()
+    assert "cluster 0" in text and "not compiled" in text and "CumSum" in text
 
 
 def test_outputs_do_not_alias_inputs_or_each_other():
