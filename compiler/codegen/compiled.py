@@ -1,0 +1,185 @@
+"""CompiledGraph: a cluster's native code plus its memory plan, callable with numpy arrays.
+
+Render (cpu.Renderer: fusion plan -> LLVM IR text), compile (llvm_cpu.optimize
+-> object code, cacheable by key through any `cache` with get/put) and load
+(llvm_cpu.JitModule) are separate steps. Running is one ctypes call with a
+pointer table: the cluster inputs, fresh outputs, constants, and the
+intermediates, which live in one arena laid out once (liveness-based reuse).
+
+Thread safety: each calling Python thread gets its own arena and pointer
+table (threading.local), so concurrent `run` calls share nothing mutable;
+ctypes releases the GIL during the native call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import threading
+
+import numpy as np
+
+from compiler import __version__, dtypes
+from compiler.codegen import llvm_cpu
+from compiler.codegen.cpu import Renderer
+from compiler.errors import CompileError, InputError
+from compiler.ir import Graph, Value
+from compiler.passes.fuse import FusionPlan, plan
+
+ALIGN = 64  # arena buffers start on cache lines
+_RUN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)
+
+
+def _padded_bytes(v: Value) -> int:
+    return -(-max(v.type.size * dtypes.itemsize(v.dtype), 1) // ALIGN) * ALIGN
+
+
+def arena_plan(kplan: FusionPlan, intermediates: list[Value]) -> tuple[dict[Value, int], int]:
+    """Byte offsets of intermediates in one arena, and its size.
+
+    Kernels run in order; a buffer is live from the kernel that writes it to
+    the last kernel that reads it, and its bytes are reused (first fit) by
+    buffers written after that. A kernel never gets a block freed by its own
+    readers, so its inputs and output never overlap.
+    """
+    last: dict[Value, int] = {}
+    for i, k in enumerate(kplan.kernels):
+        for n in k.nodes:
+            for u in n.inputs:
+                last[u] = i
+    wanted = set(intermediates)
+    free: list[tuple[int, int]] = []  # (offset, size), sorted by offset
+    offsets: dict[Value, int] = {}
+    live: list[Value] = []
+    top = 0
+    for i, k in enumerate(kplan.kernels):
+        v = k.root
+        if v in wanted:
+            size = _padded_bytes(v)
+            fit = next((blk for blk in free if blk[1] >= size), None)
+            if fit is None:
+                offsets[v], top = top, top + size
+            else:
+                free.remove(fit)
+                offsets[v] = fit[0]
+                if fit[1] > size:
+                    free.append((fit[0] + size, fit[1] - size))
+                    free.sort()
+            live.append(v)
+        for u in [u for u in live if last.get(u, -1) <= i and u is not v]:
+            live.remove(u)
+            free.append((offsets[u], _padded_bytes(u)))
+            free.sort()
+    return offsets, top
+
+
+class CompiledGraph:
+    """A compiled cluster: `run(list of arrays) -> list of fresh arrays` (thread-safe).
+
+    Introspection: `kernels` (fuse.Kernel: root value and the nodes it
+    computes), `plan` (the FusionPlan, with reasons), `llvm_ir` (text of the
+    rendered module), `object_code` (host machine code, cacheable),
+    `arena_bytes` (intermediate memory per calling thread).
+    """
+
+    def __init__(self, graph: Graph, threads: int = 2, cache=None):
+        self.graph = graph
+        self.set_threads(threads)
+        self.plan = plan(graph)
+        self.kernels = self.plan.kernels
+        self._inputs = list(graph.inputs)
+        self._outputs = list(dict.fromkeys(v for v in graph.outputs
+                                           if v in self.plan.materialized))
+        consts = [n.outputs[0] for n in graph.nodes
+                  if n.op == "const" and n.attrs["value"].size != 1]
+        self._inter = [k.root for k in self.kernels if k.root not in self._outputs]
+        order = self._inputs + self._outputs + consts + self._inter
+        self.slots = {v: i for i, v in enumerate(order)}
+        self._const_arrays = [np.ascontiguousarray(v.producer.attrs["value"]) for v in consts]
+        self._offsets, self.arena_bytes = arena_plan(self.plan, self._inter)
+        self._in_dtypes = [dtypes.to_numpy(v.dtype) for v in self._inputs]
+        self._out_specs = [(v.shape, dtypes.to_numpy(v.dtype)) for v in self._outputs]
+        self.llvm_ir = Renderer(graph, self.plan, self.slots).render()
+        self.object_code = _compile(self.llvm_ir, cache)
+        self._jit = llvm_cpu.JitModule(object_code=self.object_code)  # keeps code alive
+        self._fn = _RUN(self._jit.address("run"))
+        self._local = threading.local()
+
+    def set_threads(self, threads: int) -> None:
+        """Threads for big kernels (small ones run on the calling thread)."""
+        if not isinstance(threads, int) or threads < 1:
+            raise CompileError(f"threads must be a positive integer, got {threads!r}")
+        self.threads = threads
+
+    def _table(self):
+        """This thread's pointer table (constants and arena slots filled once)."""
+        t = getattr(self._local, "table", None)
+        if t is None:
+            arena = np.empty(self.arena_bytes + ALIGN, np.uint8)
+            base = arena.ctypes.data + (-arena.ctypes.data) % ALIGN
+            t = (ctypes.c_void_p * max(len(self.slots), 1))()
+            for v, a in zip(list(self.slots)[len(self._inputs) + len(self._outputs):],
+                            self._const_arrays):
+                t[self.slots[v]] = a.ctypes.data
+            for v in self._inter:
+                t[self.slots[v]] = base + self._offsets[v]
+            self._local.table, self._local.arena = t, arena
+            self._local.address = ctypes.addressof(t)
+        return t
+
+    def run(self, arrays: list) -> list[np.ndarray]:
+        if len(arrays) != len(self._inputs):
+            raise InputError(f"compiled cluster takes {len(self._inputs)} inputs, "
+                             f"got {len(arrays)}")
+        t = self._table()
+        keep = []
+        for i, (v, a, dt) in enumerate(zip(self._inputs, arrays, self._in_dtypes)):
+            a = np.asarray(a, dtype=dt, order="C")  # (ascontiguousarray makes 0-d 1-d)
+            if a.shape != v.shape:
+                raise InputError(f"input %{v.name} must have shape {v.shape}, got {a.shape}")
+            keep.append(a)
+            t[i] = a.ctypes.data
+        outs = [np.empty(shape, dt) for shape, dt in self._out_specs]
+        base = len(self._inputs)
+        for i, o in enumerate(outs):
+            t[base + i] = o.ctypes.data
+        self._fn(self._local.address, self.threads)
+        if len(outs) == len(self.graph.outputs):
+            return outs  # the common case: every output computed, each once
+        return self._results(outs, keep)
+
+    def _results(self, outs: list, inputs: list) -> list[np.ndarray]:
+        """Outputs in graph order; repeats, inputs and constants as fresh copies."""
+        by_value = dict(zip(self._outputs, outs))
+        by_input = dict(zip(self._inputs, inputs))
+        results, seen = [], set()
+        for v in self.graph.outputs:
+            if v in by_value:
+                results.append(by_value[v] if v not in seen else by_value[v].copy())
+                seen.add(v)
+            elif v in by_input:
+                results.append(np.array(by_input[v], copy=True))
+            else:  # a constant output
+                results.append(np.array(v.producer.attrs["value"], copy=True))
+        return results
+
+
+def _compile(llvm_ir: str, cache) -> bytes:
+    """Object code for the module: from `cache` (get/put by key) when it has it."""
+    if cache is None:
+        return _compile_uncached(llvm_ir)
+    key = hashlib.sha256("\0".join([llvm_ir, *llvm_cpu.host(), __version__]).encode())
+    key = key.hexdigest()
+    obj = cache.get(key)
+    if obj is None:
+        obj = _compile_uncached(llvm_ir)
+        cache.put(key, obj)
+    return obj
+
+
+def _compile_uncached(llvm_ir: str) -> bytes:
+    try:
+        module = llvm_cpu.optimize(llvm_ir)
+    except RuntimeError as e:
+        raise CompileError(f"LLVM rejected braze's IR: {e}") from None
+    return llvm_cpu.emit_object(module)

@@ -1,0 +1,364 @@
+"""Render a cluster's fusion plan as one LLVM module for the CPU.
+
+Every kernel of compiler.passes.fuse.plan becomes a loop nest function
+`k<i>(ptr bufs, i64 lo, i64 hi)` over rows [lo, hi) of its outer loop, plus an
+OpenMP outlined function that hands each thread of the team its share of the
+rows; `run(ptr bufs, i32 threads)` calls the kernels in order (through
+`GOMP_parallel` when a kernel is big enough). One ctypes call runs the cluster.
+
+Loop kernels: the inner loop runs over the root's last dim (or, for a flat
+elementwise kernel, over a block of LOOP_BLOCK linear elements), so it is
+contiguous and the loop vectorizer widens it. Row kernels (see fuse.py): per
+row, one inner loop per level of reductions, accumulators in registers
+(float sums reassociable, so they vectorize with one partial sum per lane),
+then one inner loop writing the root's row.
+
+`bufs` holds the pointers of the cluster inputs, its outputs, constant
+tensors and the intermediates (see compiled.py for who fills it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from compiler import dtypes
+from compiler.codegen import llvm_cpu
+from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
+                                      linear_index, scalar_constant)
+from compiler.codegen.ops_llvm import (I32, I64, binary_float, binary_int, llvm_type,
+                                       storage_type)
+from compiler.ir import Graph, Value
+from compiler.ops import Family
+from compiler.passes.fuse import Kernel
+
+PTR = ir.PointerType()
+# Kernels that touch fewer elements than this run on one thread: a warm OpenMP
+# launch costs a few microseconds, more than two threads save below ~32K elements.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+# Linear elements per row of a flat elementwise kernel: big enough for the
+# vectorized loop to amortize its prologue, small enough to split among threads.
+LOOP_BLOCK = 4096
+
+
+class Renderer:
+    """Builds the LLVM module of one cluster (`render() -> LLVM IR text`)."""
+
+    def __init__(self, graph: Graph, kplan, slots: dict[Value, int]):
+        self.graph, self.plan, self.slots = graph, kplan, slots
+        self.module = ir.Module(name=graph.name)
+
+    def render(self) -> str:
+        nests = [self._nest(i, k) for i, k in enumerate(self.plan.kernels)]
+        self._entry(nests)
+        return str(self.module)
+
+    # -- one kernel ---------------------------------------------------------------
+
+    def _nest(self, index: int, k: Kernel) -> tuple[ir.Function, int, bool]:
+        """The kernel's function, its outer trip count, and whether to run it threaded."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
+                         f"k{index}")
+        fn.linkage = "internal"
+        bufs, lo, hi = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        ptrs = self._buffers(b, bufs, _leaves(k, self.slots) + [k.root])
+        root = k.root
+        if k.kind == "contraction":
+            outer = int(np.prod(root.shape[:-1], dtype=np.int64))
+            work = root.type.size * root.producer.inputs[0].shape[-1]
+            _loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
+        elif k.kind == "row":
+            outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
+            work = int(np.prod(k.domain, dtype=np.int64))
+            _loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
+        elif _is_flat(k):
+            work = root.type.size
+            outer = -(-work // LOOP_BLOCK)
+            _loop(b, lo, hi, lambda b, o: self._flat_block(b, ptrs, k, o, work))
+        else:
+            inner = root.shape[-1] if root.shape else 1
+            work = root.type.size
+            outer = work // inner if inner else 0
+            _loop(b, lo, hi, lambda b, o: self._row_of_loop(b, ptrs, k, o, inner))
+        b.ret_void()
+        return fn, outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
+
+    def _buffers(self, b: ir.IRBuilder, bufs, values) -> dict:
+        out = {}
+        for v in values:
+            slot = b.gep(bufs, [i64(self.slots[v])], source_etype=PTR, inbounds=True)
+            out[v] = b.load(slot, typ=PTR)
+        return out
+
+    def _flat_block(self, b, ptrs, k: Kernel, o, size: int) -> None:
+        start = b.mul(o, i64(LOOP_BLOCK))
+        end = b.add(start, i64(LOOP_BLOCK))
+        end = b.select(b.icmp_signed("<", end, i64(size)), end, i64(size))
+
+        def element(b, j):
+            em = ElementEmitter(b, _without(ptrs, k.root), flat=True)
+            _store(b, ptrs[k.root], k.root.dtype, j, em.at(k.root, [j]))
+
+        _loop(b, start, end, element)
+
+    def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int) -> None:
+        root = k.root
+        head = delinearize(b, o, root.shape[:-1]) if root.shape else []
+        base = b.mul(o, i64(inner))
+
+        def element(b, j):
+            em = ElementEmitter(b, _without(ptrs, root))
+            idx = head + [j] if root.shape else []
+            _store(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
+
+        _loop(b, i64(0), i64(inner), element)
+
+    def _row_kernel(self, b, ptrs, k: Kernel, o) -> None:
+        """One row: a pass per level of reductions, then the root's row."""
+        keep_dims = [d for d in range(len(k.domain)) if d not in k.axes]
+        red_shape = tuple(k.domain[d] for d in k.axes)
+        n_red = int(np.prod(red_shape, dtype=np.int64))
+        kept_idx = delinearize(b, o, tuple(k.domain[d] for d in keep_dims))
+
+        def full_index(b, j):
+            idx = [None] * len(k.domain)
+            for d, i in zip(keep_dims, kept_idx):
+                idx[d] = i
+            for d, i in zip(k.axes, delinearize(b, j, red_shape)):
+                idx[d] = i
+            return idx
+
+        registers: dict[Value, ir.Value] = {}
+        for level in k.levels:
+            accs = [_Accumulator(b, r) for r in level]
+
+            def step(b, j):
+                em = ElementEmitter(b, ptrs, registers)
+                idx = full_index(b, j)
+                for acc in accs:
+                    acc.update(b, em.at(acc.node.inputs[0], idx), j)
+
+            _loop(b, i64(0), i64(n_red), step)
+            for acc in accs:
+                registers[acc.node.outputs[0]] = acc.result(b)
+        root = k.root
+        if root in registers:  # the root is a reduction: one element per row
+            _store(b, ptrs[root], root.dtype, o, registers[root])
+        elif root.shape == k.domain:  # a last pass writes the row
+            def write(b, j):
+                em = ElementEmitter(b, _without(ptrs, root), registers)
+                idx = full_index(b, j)
+                off = linear_index(b, idx, k.domain)
+                _store(b, ptrs[root], root.dtype, off, em.at(root, idx))
+
+            _loop(b, i64(0), i64(n_red), write)
+        else:  # a row-shaped root (D_keep or D_nokeep, fuse.py): one element per row
+            idx = list(kept_idx)
+            if root.shape == k.row_shapes()[0] and len(root.shape) == len(k.domain):
+                idx = full_index(b, i64(0))
+            em = ElementEmitter(b, _without(ptrs, root), registers)
+            _store(b, ptrs[root], root.dtype, o, em.at(root, idx))
+
+    def _matmul_row(self, b, ptrs, k: Kernel, o) -> None:
+        """Row o of the output: out[o, :] = sum over p of a[o, p] * w[p, :], the inner
+        loop over the output's contiguous columns (vectorized; FMA where contracted)."""
+        root = k.root
+        a, w = root.producer.inputs
+        n_cols, depth = root.shape[-1], a.shape[-1]
+        head = delinearize(b, o, root.shape[:-1])  # batch dims..., row
+        base = b.mul(o, i64(n_cols))
+        zero = scalar_constant(0, root.dtype)
+        _loop(b, i64(0), i64(n_cols), lambda b, j: _store(
+            b, ptrs[root], root.dtype, b.add(base, j), zero))
+        em = ElementEmitter(b, ptrs)
+
+        def depth_step(b, p):
+            a_idx = broadcast_index(head[:-1], a.shape[:-2], root.shape[:-2]) + [head[-1], p]
+            a_val = em.load(a, a_idx)
+
+            def col(b, j):
+                w_idx = broadcast_index(head[:-1], w.shape[:-2], root.shape[:-2]) + [p, j]
+                ptr = b.gep(ptrs[root], [b.add(base, j)], source_etype=llvm_type(root.dtype),
+                            inbounds=True)
+                acc = b.load(ptr, typ=llvm_type(root.dtype))
+                b.store(_mul_add(b, root.dtype, acc, a_val, em.load(w, w_idx)), ptr)
+
+            _loop(b, i64(0), i64(n_cols), col)
+
+        _loop(b, i64(0), i64(depth), depth_step)
+
+    # -- the entry point ------------------------------------------------------
+
+    def _outlined(self, nest: ir.Function, outer: int) -> ir.Function:
+        """void f(ptr bufs): this OpenMP thread's share of rows [0, outer)."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), nest.name + ".omp")
+        fn.linkage = "internal"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        tid = b.sext(b.call(self._decl("omp_get_thread_num", I32, []), []), I64)
+        nth = b.sext(b.call(self._decl("omp_get_num_threads", I32, []), []), I64)
+        chunk = b.sdiv(b.add(i64(outer), b.sub(nth, i64(1))), nth)
+        lo = b.mul(tid, chunk)
+        hi = b.add(lo, chunk)
+        lo = b.select(b.icmp_signed(">", lo, i64(outer)), i64(outer), lo)
+        hi = b.select(b.icmp_signed(">", hi, i64(outer)), i64(outer), hi)
+        b.call(nest, [fn.args[0], lo, hi])
+        b.ret_void()
+        return fn
+
+    def _decl(self, name: str, ret, args):
+        try:
+            return self.module.get_global(name)
+        except KeyError:
+            return ir.Function(self.module, ir.FunctionType(ret, args), name)
+
+    def _entry(self, nests) -> None:
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I32]), "run")
+        bufs, threads = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        gomp = self._decl("GOMP_parallel", ir.VoidType(),
+                          [PTR, PTR, I32, I32]) if llvm_cpu.libgomp() else None
+        for nest, outer, parallel in nests:
+            if parallel and gomp is not None:
+                many = b.icmp_signed(">", threads, ir.Constant(I32, 1))
+                with b.if_else(many) as (then, otherwise):
+                    with then:
+                        b.call(gomp, [self._outlined(nest, outer), bufs, threads,
+                                      ir.Constant(I32, 0)])
+                    with otherwise:
+                        b.call(nest, [bufs, i64(0), i64(outer)])
+            else:
+                b.call(nest, [bufs, i64(0), i64(outer)])
+        b.ret_void()
+
+
+# -- helpers ----------------------------------------------------------------------
+
+def _loop(b: ir.IRBuilder, lo, hi, body) -> None:
+    """for (i = lo; i < hi; ++i) body(b, i)"""
+    pre = b.block
+    cond = b.append_basic_block("loop.cond")
+    step = b.append_basic_block("loop.body")
+    done = b.append_basic_block("loop.end")
+    b.branch(cond)
+    b.position_at_end(cond)
+    i = b.phi(I64)
+    i.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", i, hi), step, done)
+    b.position_at_end(step)
+    body(b, i)
+    i.add_incoming(b.add(i, i64(1), flags=["nsw"]), b.block)
+    b.branch(cond)
+    b.position_at_end(done)
+
+
+def _mul_add(b: ir.IRBuilder, dtype: str, acc, x, y):
+    """acc + x * y (floats: contractable into one FMA)."""
+    if dtype not in dtypes.FLOATS:
+        return binary_int(b, "add", dtype, acc, binary_int(b, "mul", dtype, x, y))
+    prod = binary_float(b, "mul", x, y)
+    total = binary_float(b, "add", acc, prod)
+    prod.flags.append("contract")
+    total.flags.append("contract")
+    return total
+
+
+def _store(b: ir.IRBuilder, base, dtype: str, off, x) -> None:
+    ptr = b.gep(base, [off], source_etype=storage_type(dtype), inbounds=True)
+    if dtype == "bool":
+        x = b.zext(x, storage_type("bool"))
+    b.store(x, ptr)
+
+
+def _without(ptrs: dict, v: Value) -> dict:
+    return {u: p for u, p in ptrs.items() if u is not v}
+
+
+def _leaves(k: Kernel, slots: dict) -> list[Value]:
+    """Values with a buffer that the kernel reads, in first-use order."""
+    leaves: dict[Value, None] = {}
+    for n in k.nodes:
+        for u in n.inputs:
+            if u in slots:
+                leaves[u] = None
+    return list(leaves)
+
+
+def _is_flat(k: Kernel) -> bool:
+    """An elementwise kernel whose operands all have the root's shape or one element:
+    every value is then read at the root's linear index (or at 0)."""
+    shape = k.root.shape
+    return all(n.opdef.family is Family.ELEMENTWISE and
+               all(u.shape == shape or u.type.size == 1 for u in n.inputs + n.outputs)
+               for n in k.nodes)
+
+
+class _Accumulator:
+    """One reduction's running value (and argmax/argmin's index) over a row."""
+
+    def __init__(self, b: ir.IRBuilder, node):
+        self.node = node
+        self.dtype = node.inputs[0].dtype
+        self.arg = node.op in ("argmax", "argmin")
+        self.t = llvm_type(self.dtype)
+        with b.goto_entry_block():  # allocas in the entry block: promoted to registers
+            self.acc = b.alloca(self.t)
+            self.best = b.alloca(I64) if self.arg else None
+        b.store(_reduce_init(node.op, self.dtype), self.acc)
+        if self.arg:
+            b.store(i64(0), self.best)
+
+    def update(self, b: ir.IRBuilder, val, j) -> None:
+        cur = b.load(self.acc, typ=self.t)
+        if self.arg:
+            take = _arg_take(b, self.node, val, cur, self.dtype)
+            b.store(b.select(take, val, cur), self.acc)
+            b.store(b.select(take, j, b.load(self.best, typ=I64)), self.best)
+        else:
+            b.store(_combine(b, self.node.op, self.dtype, cur, val), self.acc)
+
+    def result(self, b: ir.IRBuilder):
+        return b.load(self.best, typ=I64) if self.arg else b.load(self.acc, typ=self.t)
+
+
+def _reduce_init(op: str, dtype: str):
+    t = llvm_type(dtype)
+    is_f = dtype in dtypes.FLOATS
+    if op == "reduce_sum":
+        return ir.Constant(t, 0.0 if is_f else 0)
+    if op == "reduce_prod":
+        return ir.Constant(t, 1.0 if is_f else 1)
+    low = op in ("reduce_max", "argmax")
+    if is_f:
+        return ir.Constant(t, -np.inf if low else np.inf)
+    info = np.iinfo(dtypes.to_numpy(dtype))
+    return scalar_constant(info.min if low else info.max, dtype)
+
+
+_COMBINE = {"reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max",
+            "reduce_min": "min"}
+
+
+def _combine(b, op: str, dtype: str, acc, x):
+    base = _COMBINE[op]
+    if dtype in dtypes.FLOATS:
+        out = binary_float(b, base, acc, x)
+        if base in ("add", "mul"):
+            out.flags.append("reassoc")  # lets the vectorizer keep partial sums per lane
+        return out
+    return binary_int(b, base, dtype, acc, x)
+
+
+def _arg_take(b, node, val, cur, dtype: str):
+    """Whether element `val` replaces the best so far (numpy: first NaN wins, ties first)."""
+    last = node.attrs["select_last"]
+    is_max = node.op == "argmax"
+    pred = (">=" if last else ">") if is_max else ("<=" if last else "<")
+    if dtype in dtypes.FLOATS:
+        nan_new = b.fcmp_unordered("uno", val, val)  # numpy: the first (last) NaN wins
+        if not last:
+            nan_new = b.and_(nan_new, b.fcmp_ordered("ord", cur, cur))
+        return b.or_(b.fcmp_ordered(pred, val, cur), nan_new)
+    cmp = b.icmp_signed if dtype in dtypes.SIGNED else b.icmp_unsigned
+    return cmp(pred, val, cur)
+

@@ -1,0 +1,248 @@
+"""The elemental emitter (XLA's ElementalIrEmitter): a value's element at an index.
+
+`ElementEmitter.at(v, idx)` returns v's element at the multi-index `idx` (LLVM
+i64 values) as a register value: a load if v has a buffer, else the producer's
+op applied to its operands' elements at the indices the op maps to. So a chain
+of elementwise and movement ops becomes one expression in one loop: fusion
+needs no per-pair code. Elementwise ops go through one table (ops_llvm.py);
+movement ops are index maps here. Registers hold bool as i1; buffers hold it as
+i8 (numpy's layout).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from compiler import dtypes
+from compiler.codegen import ops_llvm
+from compiler.codegen.ops_llvm import I1, I64, llvm_type, storage_type
+from compiler.ir import IRError, Value
+
+
+def i64(n: int) -> ir.Constant:
+    return ir.Constant(I64, int(n))
+
+
+def linear_index(b: ir.IRBuilder, idx: list, shape: tuple):
+    """Row-major offset of `idx` in `shape`."""
+    off = i64(0)
+    for i, d in zip(idx, shape):
+        off = b.add(b.mul(off, i64(d)), i)
+    return off
+
+
+def delinearize(b: ir.IRBuilder, off, shape: tuple) -> list:
+    """The multi-index of row-major offset `off` in `shape`."""
+    idx = []
+    for k, d in enumerate(reversed(shape)):
+        if d == 1:
+            idx.append(i64(0))
+        elif k == len(shape) - 1:
+            idx.append(off)  # the outermost index needs no modulo: off < prod(shape)
+        else:
+            idx.append(b.urem(off, i64(d)))
+            off = b.udiv(off, i64(d))
+    return idx[::-1]
+
+
+class ElementEmitter:
+    """Emits elements of values for one kernel body (see the module docstring)."""
+
+    def __init__(self, b: ir.IRBuilder, buffers: dict[Value, ir.Value],
+                 registers: dict | None = None, flat: bool = False):
+        self.b = b
+        self.buffers = buffers  # value -> pointer to its first element
+        # values already computed for the whole current row (reduction results):
+        # the fusion plan guarantees they are only read at that row's indices
+        self.registers = registers or {}
+        # flat: every value is read at the same linear index (or at 0 if it has
+        # one element); idx is then [linear index]
+        self.flat = flat
+        self.memo: dict = {}
+
+    def at(self, v: Value, idx: list):
+        key = (v, tuple(idx))  # constants compare by value; instructions by identity
+        if key not in self.memo:
+            self.memo[key] = self._emit(v, idx)
+        return self.memo[key]
+
+    # -- leaves -------------------------------------------------------------
+
+    def load(self, v: Value, idx: list):
+        off = idx[0] if self.flat else linear_index(self.b, idx, v.shape)
+        ptr = self.b.gep(self.buffers[v], [off], source_etype=storage_type(v.dtype),
+                         inbounds=True)
+        x = self.b.load(ptr, typ=storage_type(v.dtype))
+        return self.b.icmp_unsigned("!=", x, ir.Constant(x.type, 0)) if v.dtype == "bool" else x
+
+    def _operand_index(self, idx: list, u: Value, out: Value) -> list:
+        if self.flat:
+            return [i64(0)] if u.type.size == 1 else idx
+        return broadcast_index(idx, u.shape, out.shape)
+
+    def _emit(self, v: Value, idx: list):
+        if v in self.registers:
+            return self.registers[v]
+        if v in self.buffers:
+            return self.load(v, idx)
+        p = v.producer
+        if p is None:
+            raise IRError(f"%{v.name} has no buffer and no producer")
+        if p.op == "const":
+            arr = p.attrs["value"]
+            if arr.size != 1:
+                raise IRError(f"constant %{v.name} of {arr.size} elements needs a buffer")
+            return scalar_constant(arr.reshape(-1)[0], v.dtype)
+        handler = getattr(self, "_" + p.op, None)
+        if handler is not None:
+            return handler(p, idx)
+        args = [self.at(u, self._operand_index(idx, u, v)) for u in p.inputs]
+        return ops_llvm.emit(self.b, p, args)
+
+    # -- movement: index maps ------------------------------------------------
+
+    def _broadcast(self, n, idx):
+        x = n.inputs[0]
+        return self.at(x, broadcast_index(idx, x.shape, n.outputs[0].shape))
+
+    def _reshape(self, n, idx):
+        x = n.inputs[0]
+        off = linear_index(self.b, idx, n.outputs[0].shape)
+        return self.at(x, delinearize(self.b, off, x.shape))
+
+    def _transpose(self, n, idx):
+        perm = n.attrs["perm"]
+        src = [None] * len(perm)
+        for i, p in enumerate(perm):
+            src[p] = idx[i]
+        return self.at(n.inputs[0], src)
+
+    def _slice(self, n, idx):
+        a = n.attrs
+        src = [self.b.add(i64(s), self.b.mul(i, i64(st)))
+               for i, s, st in zip(idx, a["starts"], a["steps"])]
+        return self.at(n.inputs[0], src)
+
+    def _gather(self, n, idx):
+        data, indices = n.inputs
+        axis = n.attrs["axis"]
+        r = len(indices.shape)
+        j = self.at(indices, idx[axis:axis + r])
+        j = self.b.sext(j, I64) if j.type.width < 64 else j
+        size = i64(data.shape[axis])
+        j = self.b.select(self.b.icmp_signed("<", j, i64(0)), self.b.add(j, size), j)
+        # out-of-range indices are a model error; clamp so the load stays in bounds
+        j = self.b.select(self.b.icmp_signed("<", j, i64(0)), i64(0), j)
+        j = self.b.select(self.b.icmp_signed(">=", j, size), self.b.sub(size, i64(1)), j)
+        return self.at(data, idx[:axis] + [j] + idx[axis + r:])
+
+    def _select(self, n, idx):
+        out = n.outputs[0]
+        c, a, b_ = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)
+        return self.b.select(c, a, b_)
+
+    def _concat(self, n, idx):
+        """A chain of branches: each input is only read where it owns the index."""
+        axis = n.attrs["axis"]
+        out_t = llvm_type(n.outputs[0].dtype)
+        b = self.b
+        end = b.append_basic_block("concat.end")
+        incoming = []
+        offset = 0
+        for k, u in enumerate(n.inputs):
+            lo = offset
+            offset += u.shape[axis]
+            if u.shape[axis] == 0:
+                continue
+            last = k == len(n.inputs) - 1 or offset == n.outputs[0].shape[axis]
+            if not last:
+                take = b.append_basic_block(f"concat.in{k}")
+                nxt = b.append_basic_block(f"concat.next{k}")
+                b.cbranch(b.icmp_unsigned("<", idx[axis], i64(offset)), take, nxt)
+                b.position_at_end(take)
+            src = list(idx)
+            src[axis] = b.sub(idx[axis], i64(lo))
+            saved = self.memo
+            self.memo = dict(saved)  # values emitted in this branch do not dominate others
+            val = self.at(u, src)
+            self.memo = saved
+            incoming.append((val, b.block))
+            b.branch(end)
+            if last:
+                break
+            b.position_at_end(nxt)
+        b.position_at_end(end)
+        phi = b.phi(out_t)
+        for val, blk in incoming:
+            phi.add_incoming(val, blk)
+        return phi
+
+    def _pad(self, n, idx):
+        x = n.inputs[0]
+        a = n.attrs
+        r = len(x.shape)
+        begin = a["pads"][:r]
+        b = self.b
+        src = [b.sub(i, i64(p)) for i, p in zip(idx, begin)]
+        if a["mode"] == "constant":
+            return self._pad_constant(n, x, src)
+        fix = {"edge": _edge, "reflect": _reflect, "wrap": _wrap}[a["mode"]]
+        return self.at(x, [fix(b, s, d) if (p or q) else s
+                           for s, d, p, q in zip(src, x.shape, begin, a["pads"][r:])])
+
+    def _pad_constant(self, n, x, src):
+        b = self.b
+        inside = ir.Constant(I1, 1)
+        for s, d in zip(src, x.shape):
+            inside = b.and_(inside, b.icmp_unsigned("<", s, i64(d)))  # negative -> huge
+        fill = scalar_constant(np.array(n.attrs["value"]).astype(dtypes.to_numpy(x.dtype)),
+                               x.dtype)
+        take = b.append_basic_block("pad.in")
+        end = b.append_basic_block("pad.end")
+        before = b.block
+        b.cbranch(inside, take, end)
+        b.position_at_end(take)
+        saved = self.memo
+        self.memo = dict(saved)
+        val = self.at(x, src)
+        self.memo = saved
+        take_end = b.block
+        b.branch(end)
+        b.position_at_end(end)
+        phi = b.phi(val.type)
+        phi.add_incoming(val, take_end)
+        phi.add_incoming(fill, before)
+        return phi
+
+
+def _edge(b, s, d):
+    s = b.select(b.icmp_signed("<", s, i64(0)), i64(0), s)
+    return b.select(b.icmp_signed(">=", s, i64(d)), i64(d - 1), s)
+
+
+def _reflect(b, s, d):
+    period = 2 * (d - 1)
+    m = b.srem(s, i64(period))
+    m = b.select(b.icmp_signed("<", m, i64(0)), b.add(m, i64(period)), m)
+    return b.select(b.icmp_signed(">=", m, i64(d)), b.sub(i64(period), m), m)
+
+
+def _wrap(b, s, d):
+    m = b.srem(s, i64(d))
+    return b.select(b.icmp_signed("<", m, i64(0)), b.add(m, i64(d)), m)
+
+
+def broadcast_index(idx: list, in_shape: tuple, out_shape: tuple) -> list:
+    """numpy broadcasting: align right, size-1 dims read index 0."""
+    off = len(out_shape) - len(in_shape)
+    return [i64(0) if d == 1 else idx[off + k] for k, d in enumerate(in_shape)]
+
+
+def scalar_constant(x, dtype: str) -> ir.Constant:
+    t = llvm_type(dtype)
+    if dtype == "bool":
+        return ir.Constant(I1, int(bool(x)))
+    if dtype in dtypes.FLOATS:
+        return ir.Constant(t, float(x))
+    return ir.Constant(t, int(x))

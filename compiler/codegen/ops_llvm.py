@@ -1,0 +1,242 @@
+"""Elementwise ops on LLVM registers: one table, one function per op family.
+
+Semantics match compiler/ops (numpy): integer division truncates toward zero
+and is guarded so a kernel never traps (INT_MIN / -1 wraps; x / 0 is what
+compiler.ops computes: x, plus 1 if x < 0; x mod 0 = 0); `mod`
+takes the divisor's sign; max/min propagate NaN; float -> int casts saturate
+(NaN -> 0); shifts by the bit width or more give 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from compiler import dtypes
+from compiler.codegen.mathlib import FAST_F32
+from compiler.ir import IRError
+
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+F32, F64 = ir.FloatType(), ir.DoubleType()
+
+_TYPES = {"bool": I1, "i8": I8, "u8": I8, "i16": I16, "u16": I16, "i32": I32, "u32": I32,
+          "i64": I64, "u64": I64, "f32": F32, "f64": F64}
+# dtypes braze's CPU kernels compute with
+SUPPORTED_DTYPES = frozenset(_TYPES)
+
+
+def llvm_type(dtype: str) -> ir.Type:
+    try:
+        return _TYPES[dtype]
+    except KeyError:
+        raise IRError(f"no LLVM type for dtype {dtype}") from None
+
+
+def storage_type(dtype: str) -> ir.Type:
+    """In-memory element type: bool is one byte, as in numpy."""
+    return I8 if dtype == "bool" else llvm_type(dtype)
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype in dtypes.FLOATS
+
+
+def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, arity: int = 1, ret=None):
+    full = f"{name}.{'f32' if t == F32 else 'f64'}" if name.startswith("llvm.") else name
+    try:
+        return b.module.get_global(full)
+    except KeyError:
+        return ir.Function(b.module, ir.FunctionType(ret or t, [t] * arity), full)
+
+
+def _libm(b, name: str, t, x):
+    """A scalar libm call (sinf / sin ...): exact but not vectorized."""
+    return b.call(_intrinsic(b, name + ("f" if t == F32 else ""), t), [x])
+
+
+# -- unary ----------------------------------------------------------------------
+
+_LIBM = {"sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+         "atanh", "expm1", "log1p", "tanh", "erf"}
+_INTRINSIC = {"sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
+              "round": "llvm.roundeven", "abs": "llvm.fabs"}
+
+
+def _unary_float(b, op: str, dtype: str, x):
+    t = x.type
+    if dtype == "f32" and op in FAST_F32:
+        return FAST_F32[op](b, x)
+    if op in _INTRINSIC:
+        return b.call(_intrinsic(b, _INTRINSIC[op], t), [x])
+    if op == "exp":
+        return b.call(_intrinsic(b, "llvm.exp", t), [x])
+    if op == "log":
+        return b.call(_intrinsic(b, "llvm.log", t), [x])
+    if op == "sigmoid":
+        one = ir.Constant(t, 1.0)
+        e = b.call(_intrinsic(b, "llvm.exp", t), [b.fneg(x)])
+        return b.fdiv(one, b.fadd(one, e))
+    if op in _LIBM:
+        return _libm(b, op, t, x)
+    if op == "neg":
+        return b.fneg(x)
+    if op == "reciprocal":
+        return b.fdiv(ir.Constant(t, 1.0), x)
+    if op == "sign":
+        zero = ir.Constant(t, 0.0)
+        pos = b.select(b.fcmp_ordered(">", x, zero), ir.Constant(t, 1.0), x)
+        return b.select(b.fcmp_ordered("<", x, zero), ir.Constant(t, -1.0), pos)
+    if op == "isnan":
+        return b.fcmp_unordered("uno", x, x)
+    if op == "isinf":
+        ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
+        return b.fcmp_ordered("==", ax, ir.Constant(t, math.inf))
+    raise IRError(f"no float emitter for {op}")
+
+
+def _unary_int(b, op: str, dtype: str, x):
+    t = x.type
+    signed = dtype in dtypes.SIGNED
+    if op == "neg":
+        return b.neg(x)
+    if op == "abs":
+        return b.select(b.icmp_signed("<", x, ir.Constant(t, 0)), b.neg(x), x) if signed else x
+    if op == "sign":
+        zero, one = ir.Constant(t, 0), ir.Constant(t, 1)
+        pos = b.select(b.icmp_unsigned("!=", x, zero), one, zero)
+        return b.select(b.icmp_signed("<", x, zero), ir.Constant(t, -1), pos) if signed else pos
+    if op in ("bitnot", "not"):
+        return b.xor(x, ir.Constant(t, -1 if t != I1 else 1))
+    raise IRError(f"no integer emitter for {op}")
+
+
+# -- binary ---------------------------------------------------------------------
+
+_FBIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+_IBIN = {"add": "add", "sub": "sub", "mul": "mul", "and": "and_", "or": "or_", "xor": "xor",
+         "bitand": "and_", "bitor": "or_", "bitxor": "xor"}
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def binary_float(b, op: str, x, y):
+    t = x.type
+    if op in _FBIN:
+        return getattr(b, _FBIN[op])(x, y)
+    if op in ("max", "min"):
+        name = "llvm.maximum" if op == "max" else "llvm.minimum"
+        return b.call(_intrinsic(b, name, t, 2), [x, y])
+    if op == "pow":
+        return b.call(_intrinsic(b, "llvm.pow", t, 2), [x, y])
+    if op == "fmod":
+        return b.frem(x, y)
+    if op == "mod":  # Python: result has the divisor's sign
+        r = b.frem(x, y)
+        zero = ir.Constant(t, 0.0)
+        fix = b.and_(b.fcmp_ordered("!=", r, zero),
+                     b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
+        return b.select(fix, b.fadd(r, y), r)
+    if op in _CMP:
+        if op == "ne":
+            return b.fcmp_unordered("!=", x, y)
+        return b.fcmp_ordered(_CMP[op], x, y)
+    raise IRError(f"no float emitter for {op}")
+
+
+def binary_int(b, op: str, dtype: str, x, y):
+    t = x.type
+    signed = dtype in dtypes.SIGNED or dtype == "bool"
+    if op in _IBIN:
+        return getattr(b, _IBIN[op])(x, y)
+    if op in _CMP:
+        cmp = b.icmp_signed if dtype in dtypes.SIGNED else b.icmp_unsigned
+        return cmp(_CMP[op], x, y)
+    if op in ("max", "min"):
+        cmp = b.icmp_signed if dtype in dtypes.SIGNED else b.icmp_unsigned
+        return b.select(cmp(">" if op == "max" else "<", x, y), x, y)
+    if op in ("div", "mod", "fmod"):
+        return _int_divide(b, op, x, y, signed)
+    if op in ("shl", "shr"):
+        width = ir.Constant(t, t.width)
+        shifted = b.shl(x, y) if op == "shl" else b.lshr(x, y)
+        return b.select(b.icmp_unsigned(">=", y, width), ir.Constant(t, 0), shifted)
+    raise IRError(f"no integer emitter for {op}")
+
+
+def _int_divide(b, op, x, y, signed):
+    t = x.type
+    zero, one = ir.Constant(t, 0), ir.Constant(t, 1)
+    y_zero = b.icmp_unsigned("==", y, zero)
+    # x / 0 and INT_MIN / -1 would trap: divide by 1 there and patch the result
+    safe = b.select(y_zero, one, y)
+    if signed:
+        minus1 = b.icmp_signed("==", safe, ir.Constant(t, -1))
+        safe = b.select(minus1, one, safe)
+    if op == "div":
+        q = b.sdiv(x, safe) if signed else b.udiv(x, safe)
+        if not signed:
+            return q  # x / 0 = x, as compiler.ops computes it
+        q = b.select(minus1, b.neg(x), q)
+        # x / 0 = x + (x < 0): compiler.ops' floor-then-truncate on a divisor of 1
+        by_zero = b.add(x, b.zext(b.icmp_signed("<", x, zero), t))
+        return b.select(y_zero, by_zero, q)
+    r = b.srem(x, safe) if signed else b.urem(x, safe)
+    if signed:
+        r = b.select(minus1, zero, r)
+        if op == "mod":
+            fix = b.and_(b.icmp_signed("!=", r, zero),
+                         b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+            r = b.select(fix, b.add(r, y), r)
+    return b.select(y_zero, zero, r)
+
+
+# -- cast -----------------------------------------------------------------------
+
+def cast(b, x, src: str, dst: str):
+    st, dt = llvm_type(src), llvm_type(dst)
+    if src == dst:
+        return x
+    if dst == "bool":
+        if _is_float(src):
+            return b.fcmp_unordered("!=", x, ir.Constant(st, 0.0))
+        return b.icmp_unsigned("!=", x, ir.Constant(st, 0))
+    if _is_float(src) and _is_float(dst):
+        return b.fpext(x, dt) if dt == F64 else b.fptrunc(x, dt)
+    if _is_float(dst):
+        if src in dtypes.SIGNED:
+            return b.sitofp(x, dt)
+        return b.uitofp(x, dt)
+    if _is_float(src):  # saturating: NaN -> 0, out of range -> the nearest bound
+        name = "llvm.fptosi.sat" if dst in dtypes.SIGNED else "llvm.fptoui.sat"
+        full = f"{name}.i{dt.width}.{'f32' if st == F32 else 'f64'}"
+        try:
+            fn = b.module.get_global(full)
+        except KeyError:
+            fn = ir.Function(b.module, ir.FunctionType(dt, [st]), full)
+        return b.call(fn, [x])
+    if dt.width == st.width:
+        return x
+    if dt.width < st.width:
+        return b.trunc(x, dt)
+    return b.sext(x, dt) if src in dtypes.SIGNED else b.zext(x, dt)
+
+
+# -- dispatch --------------------------------------------------------------------
+
+def emit(b: ir.IRBuilder, node, args: list):
+    """The node's element from its operands' elements (same-dtype operands, as the IR says)."""
+    op = node.op
+    src = node.inputs[0].dtype
+    if op == "cast":
+        return cast(b, args[0], src, node.attrs["to"])
+    if len(args) == 1:
+        return _unary_float(b, op, src, args[0]) if _is_float(src) else \
+            _unary_int(b, op, src, args[0])
+    if len(args) == 2:
+        return binary_float(b, op, *args) if _is_float(src) else \
+            binary_int(b, op, src, *args)
+    raise IRError(f"no emitter for {node.describe()}")
+
+
+# Elementwise ops the CPU emitter handles, and the dtypes each refuses.
+INT_REFUSED = {"pow": "integer pow is not compiled by braze"}

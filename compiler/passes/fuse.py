@@ -1,0 +1,336 @@
+"""Kernel formation inside a compiled cluster: which values get a buffer, which are inlined.
+
+A kernel is one loop nest that writes one materialized value (its root); every
+non-materialized value it reads is recomputed inline, element by element, by
+the elemental emitter (loop fusion; movement ops are index arithmetic).
+
+Reductions fuse both ways. A kernel whose inlined ops include reductions is a
+*row kernel*: its outer loop runs over the rows (the kept dims of the domain D,
+the reductions' common input shape) and, per row, makes one pass over the
+reduced dims for each level of reductions (a reduction reading another's result
+is one level later), then a last pass that writes the root's row. Softmax
+(max; sum of exp; normalize) is one kernel of three passes, layer norm (mean;
+variance; normalize, scale, shift) one of three; a reduction's result stays in
+a register for its row and is never materialized. Values read by several passes
+of one row kernel are recomputed in each pass: the row is still in cache, and
+recomputation costs a few vector ops per element where a buffer would cost a
+store and a load.
+
+A value is materialized (gets a buffer; `plan(graph).reasons` says why) when:
+  - it is a cluster output;
+  - it is a contraction's (matmul's) result or operand: a contraction is its
+    own kernel, reading each operand element many times;
+  - several kernels read it and it is a reduction, contains an op of
+    EXPENSIVE_OPS, or costs more than INLINE_COST ops to recompute (cheaper
+    values are recomputed by each kernel: `plan(graph).notes` lists them);
+  - one pass of a kernel reads it along several paths (e.g. x and transpose(x):
+    each path recomputes it at its own index) and it is costly as above;
+  - a row kernel cannot take it in: a reduction over other axes or another
+    domain, or a row-dependent value read through a movement op or at a shape
+    other than D or D with the reduced dims kept as 1 (see `_row_refusal`).
+Materializing only ever adds values, so `plan` reaches its fixed point in at
+most as many rounds as the cluster has values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiler.ir import Graph, Node, Value
+from compiler.ops import Family
+from compiler.ops.reduction import reduced_shape
+
+# Ops worth a buffer when several kernels would each recompute them.
+EXPENSIVE_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "tan",
+                           "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+                           "expm1", "log1p", "div", "sqrt", "gather"})
+# A value read by several kernels whose inline expression has more ops than this
+# is materialized: past it, recomputation costs more than a store and a load.
+INLINE_COST = 8
+
+
+def reduce_axes(node: Node) -> tuple:
+    """The axes a reduction node reduces (argmax/argmin: its one axis)."""
+    if node.op in ("argmax", "argmin"):
+        return (node.attrs["axis"],) if node.inputs[0].shape else ()
+    return tuple(node.attrs["axes"])
+
+
+def is_reduction(node: Node | None) -> bool:
+    return node is not None and node.opdef.family is Family.REDUCTION
+
+
+@dataclass
+class Kernel:
+    """One loop nest writing `root`; `nodes` are the ops it computes (topological).
+
+    Row kernels (`kind == "row"`) also have `domain` (the reductions' input
+    shape), `axes` (the reduced dims) and `levels` (reduction nodes, one list
+    per pass over a row, in order).
+    """
+
+    root: Value
+    nodes: list[Node] = field(default_factory=list)
+    domain: tuple | None = None
+    axes: tuple = ()
+    levels: list[list[Node]] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        if self.root.producer.opdef.family is Family.CONTRACTION:
+            return "contraction"
+        return "row" if self.domain is not None else "loop"
+
+    @property
+    def reductions(self) -> list[Node]:
+        return [n for level in self.levels for n in level]
+
+    def row_shapes(self) -> tuple[tuple, tuple]:
+        """(D with the reduced dims kept as 1, D without them)."""
+        return (reduced_shape(self.domain, self.axes, True),
+                reduced_shape(self.domain, self.axes, False))
+
+
+@dataclass
+class FusionPlan:
+    kernels: list[Kernel]
+    materialized: set[Value]
+    reasons: dict[Value, str]  # materialized value -> why it has a buffer
+    notes: dict[Value, str]  # inlined value shared by kernels -> why it is recomputed
+
+    def explain(self) -> str:
+        """One line per kernel and per decision (what `braze explain` prints)."""
+        lines = []
+        for i, k in enumerate(self.kernels):
+            ops = " ".join(n.op for n in k.nodes)
+            lines.append(f"kernel {i} ({k.kind}) -> %{k.root.name}: {ops}")
+        lines += [f"%{v.name} materialized: {r}" for v, r in self.reasons.items()]
+        lines += [f"%{v.name} recomputed: {r}" for v, r in self.notes.items()]
+        return "\n".join(lines)
+
+
+def plan(graph: Graph) -> FusionPlan:
+    """Decide the materialized values of a compiled cluster and its kernels, in order."""
+    reasons: dict[Value, str] = {}
+    for v in graph.outputs:
+        if v.producer is not None and v.producer.op != "const":
+            reasons.setdefault(v, "cluster output")
+    for n in graph.nodes:
+        if n.opdef.family is Family.CONTRACTION:
+            reasons.setdefault(n.outputs[0], f"{n.op} result: written by its own kernel")
+            for u in n.inputs:
+                if u.producer is not None and u.producer.op != "const":
+                    reasons.setdefault(u, f"{n.op} operand: each element is read many times")
+    while True:
+        kernels = _kernels(graph, set(reasons))
+        notes: dict[Value, str] = {}
+        if not (_materialize_shared(kernels, reasons, notes) or
+                _materialize_repeated(kernels, reasons) or
+                _materialize_row_refusals(kernels, reasons)):
+            return FusionPlan(kernels, set(reasons), reasons, notes)
+
+
+def _kernels(graph: Graph, materialized: set) -> list[Kernel]:
+    kernels = []
+    for n in graph.nodes:
+        for v in n.outputs:
+            if v in materialized:
+                kernels.append(_make_kernel(v, materialized))
+    return kernels
+
+
+def _make_kernel(root: Value, materialized: set) -> Kernel:
+    nodes = _fused_nodes(root, materialized)
+    k = Kernel(root, nodes)
+    reds = [n for n in nodes if is_reduction(n)]
+    if reds:
+        last = reds[-1]  # the reduction nearest the root defines the rows
+        k.domain, k.axes = last.inputs[0].shape, reduce_axes(last)
+        k.levels = _levels(reds, set(nodes))
+    return k
+
+
+def _levels(reds: list[Node], inside: set) -> list[list[Node]]:
+    """Group reductions into passes: a reduction comes one pass after those it reads."""
+    level: dict[Node, int] = {}
+    memo: dict[Value, int] = {}
+
+    def depth(v: Value) -> int:  # 1 + the latest pass among reductions behind v
+        p = v.producer
+        if p is None or p not in inside:
+            return 0
+        if v not in memo:
+            memo[v] = level[p] + 1 if p in level else max(
+                (depth(u) for u in p.inputs), default=0)
+        return memo[v]
+
+    for r in reds:  # topological order: inner reductions are placed first
+        level[r] = depth(r.inputs[0])
+    out: list[list[Node]] = [[] for _ in range(max(level.values()) + 1)]
+    for r in reds:
+        out[level[r]].append(r)
+    return out
+
+
+def _fused_nodes(root: Value, materialized: set) -> list[Node]:
+    """The ops a kernel computes: root's producer and every inlined producer behind it."""
+    seen: dict[Node, None] = {}
+
+    def visit(v: Value, is_root: bool) -> None:
+        p = v.producer
+        if p is None or p.op == "const" or (v in materialized and not is_root) or p in seen:
+            return
+        for u in p.inputs:
+            visit(u, False)
+        seen[p] = None
+
+    visit(root, True)
+    return list(seen)
+
+
+# -- shared values: recompute or materialize ------------------------------------
+
+def _materialize_shared(kernels: list[Kernel], reasons: dict, notes: dict) -> bool:
+    """Values computed by several kernels: materialize the costly ones; True if any."""
+    count: dict[Value, int] = {}
+    for k in kernels:
+        for n in k.nodes:
+            for v in n.outputs:
+                if v is not k.root:
+                    count[v] = count.get(v, 0) + 1
+    materialized = set(reasons)
+    memo: dict = {}
+    changed = False
+    for v, c in count.items():
+        if c < 2:
+            continue
+        ops, costly = _cost(v, materialized, memo)
+        if is_reduction(v.producer):
+            reasons[v] = f"reduction read by {c} kernels: computed once"
+        elif costly or ops > INLINE_COST:
+            why = "an expensive op" if costly else f"{ops} ops (> INLINE_COST={INLINE_COST})"
+            reasons[v] = f"read by {c} kernels and costly to recompute ({why})"
+        else:
+            notes[v] = f"read by {c} kernels; {ops} ops, cheaper to recompute than to store"
+            continue
+        changed = True
+    return changed
+
+
+def _cost(v: Value, materialized: set, memo: dict) -> tuple[int, bool]:
+    """(ops to recompute v inline, whether an expensive op is among them)."""
+    if v in memo:
+        return memo[v]
+    p = v.producer
+    if p is None or p.op == "const" or v in materialized:
+        return 0, False
+    n, costly = 1, p.op in EXPENSIVE_OPS or is_reduction(p)
+    for u in p.inputs:
+        c, e = _cost(u, materialized, memo)
+        n, costly = n + c, costly or e
+    memo[v] = (n, costly)
+    return memo[v]
+
+
+def _materialize_repeated(kernels: list[Kernel], reasons: dict) -> bool:
+    """Costly values one pass of a kernel reads along several paths (through movement
+    ops, at different indices: recomputed per path, exponentially in chains)."""
+    materialized = set(reasons)
+    memo: dict = {}
+    for k in kernels:
+        for start in _pass_starts(k):
+            for v, n in _read_paths(k, start).items():
+                if n < 2 or is_reduction(v.producer) or v.producer not in k.nodes:
+                    continue
+                ops, costly = _cost(v, materialized, memo)
+                if costly or ops > INLINE_COST:
+                    reasons[v] = (f"read along {n} paths per element of the kernel of "
+                                  f"%{k.root.name} and costly to recompute")
+                    return True
+    return False
+
+
+def _pass_starts(k: Kernel) -> list[list[Value]]:
+    """The values each pass of k reads per element: reduction inputs, then the root."""
+    return [[r.inputs[0] for r in level] for level in k.levels] + [[k.root]]
+
+
+def _read_paths(k: Kernel, starts: list[Value]) -> dict[Value, int]:
+    """How many different index maps each value is read through in one pass.
+
+    A path's index map is the movement ops and broadcasting operands along it;
+    reads through the same map hit the emitter's memo and cost nothing more.
+    Reductions end a pass (their results are registers). Counts are capped.
+    """
+    maps: dict[Value, set] = {v: {()} for v in starts}
+    for n in reversed(k.nodes):
+        out = n.outputs[0]
+        if out not in maps or (is_reduction(n) and out not in starts):
+            continue
+        moves = n.opdef.family is Family.MOVEMENT
+        for pos, u in enumerate(n.inputs):
+            step = moves or u.shape != out.shape
+            new = {m + ((n, pos),) for m in maps[out]} if step else maps[out]
+            maps.setdefault(u, set()).update(list(new)[:_MAX_MAPS])
+    return {v: len(m) for v, m in maps.items()}
+
+
+_MAX_MAPS = 64  # index maps tracked per value (enough to tell 1 from many)
+
+
+# -- row kernels: what they can take in ----------------------------------------
+
+def _materialize_row_refusals(kernels: list[Kernel], reasons: dict) -> bool:
+    changed = False
+    for k in kernels:
+        if k.kind != "row":
+            continue
+        refusal = _row_refusal(k)
+        if refusal is not None:
+            v, why = refusal
+            reasons[v] = why
+            changed = True
+    return changed
+
+
+def _row_refusal(k: Kernel) -> tuple[Value, str] | None:
+    """The first value a row kernel cannot inline, with the reason; None if legal.
+
+    A reduction's register holds its row's value only, so every value derived
+    from it must be read at an index of the same row: row-dependent values may
+    have shape D (the domain) or D_keep (D with reduced dims 1; elementwise
+    broadcasting then maps D's index to the row's), or D_nokeep (D without the
+    reduced dims) when every row-dependent operand is D_nokeep too; they pass
+    through no movement op but D_keep -> D broadcast and D_keep <-> D_nokeep
+    reshape.
+    """
+    keep, nokeep = k.row_shapes()
+    full = {k.domain, keep}
+    # the movement ops that keep a row-dependent value's index within its row
+    moves = {("broadcast", keep, k.domain), ("reshape", keep, nokeep),
+             ("reshape", nokeep, keep)}
+    dep: set[Value] = set()
+    for n in k.nodes:
+        row_in = [u for u in n.inputs if u in dep]
+        out = n.outputs[0]
+        if is_reduction(n):
+            x = n.inputs[0]
+            if x.shape != k.domain or reduce_axes(n) != k.axes:
+                return out, (f"reduction over axes {reduce_axes(n)} of {x.shape}: its "
+                             f"consumer's row kernel reduces axes {k.axes} of {k.domain}")
+        elif row_in and n.opdef.family is Family.MOVEMENT:
+            if (n.op, row_in[0].shape, out.shape) not in moves:
+                return row_in[0], (f"{n.op} of a value derived from a reduction: "
+                                   f"the row kernel ends before it")
+        elif row_in:
+            # D and D_keep mix by broadcasting; D_nokeep values only mix among themselves
+            ok = full if out.shape in full else {nokeep}
+            bad = [u for u in row_in if u.shape not in ok]
+            if bad or out.shape not in ok:
+                u = bad[0] if bad else row_in[0]
+                return u, (f"{n.op} reads it at shape {out.shape}, outside the row "
+                           f"kernel's domain {k.domain}")
+        if is_reduction(n) or row_in:
+            dep.add(out)
+    return None
+

@@ -1,0 +1,218 @@
+"""CompiledGraph as a runtime object: supports(), calling conventions, threads, memory
+plan, vectorized code, and per-call overhead (printed, not asserted)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from compiler.codegen import compile_graph, cpu, llvm_cpu, supports
+from compiler.codegen.compiled import CompiledGraph
+from compiler.errors import CompileError, InputError
+from compiler.interp import evaluate
+from compiler.ir import Graph, TensorType
+from compiler.text import parse_graph
+
+
+def _add_graph(shape, dtype="f32") -> Graph:
+    g = Graph("add")
+    x = g.add_input("x", TensorType(dtype, shape))
+    y = g.add_input("y", TensorType(dtype, shape))
+    g.outputs = [g.op("add", x, y)]
+    return g
+
+
+def _softmax_graph(rows: int, cols: int) -> Graph:
+    g = Graph("softmax")
+    x = g.add_input("x", TensorType("f32", (rows, cols)))
+    e = g.op("exp", g.op("sub", x, g.op("reduce_max", x, axes=(1,))))
+    g.outputs = [g.op("div", e, g.op("reduce_sum", e, axes=(1,)))]
+    return g
+
+
+# -- supports ----------------------------------------------------------------------
+
+def test_supports_gives_reasons():
+    g = Graph("s")
+    x = g.add_input("x", TensorType("f32", (1, 3, 8, 8)))
+    w = g.add_input("w", TensorType("f32", (4, 3, 3, 3)))
+    h = g.add_input("h", TensorType("f16", (2,)))
+    conv = g.add_node("conv", [x, w], dict(strides=(1, 1), pads=(0, 0, 0, 0),
+                                           dilations=(1, 1), group=1))
+    assert "library-class" in supports(conv)
+    half = g.add_node("neg", [h])
+    assert "dtype f16" in supports(half)
+    host = g.add_node("host", [x], dict(framework="onnx", op_type="Foo", reason="no Foo"),
+                      out_types=[TensorType("f32", (1,))])
+    assert supports(host) == "no Foo"
+    ok = g.add_node("exp", [x])
+    assert supports(ok) is None
+    assert "target" in supports(ok, target="tpu")
+    g.outputs = [conv.outputs[0]]
+    with pytest.raises(CompileError, match="cannot compile conv node for cpu: library-class"):
+        compile_graph(g)
+
+
+# -- calling conventions -------------------------------------------------------------
+
+def test_outputs_are_fresh_arrays():
+    g = _add_graph((4, 4))
+    cg = compile_graph(g)
+    a = np.ones((4, 4), np.float32)
+    first = cg.run([a, a])[0]
+    second = cg.run([a, a])[0]
+    assert first is not second and not np.shares_memory(first, second)
+    first[:] = 7
+    np.testing.assert_array_equal(second, 2 * a)
+
+
+def test_outputs_that_are_inputs_constants_or_repeated():
+    g = parse_graph("""
+graph passthrough(%x: f32[3]) -> (%x, %y, %y, %c) {
+  %c = const() {value=dense<f32[3]: [1.0, 2.0, 3.0]>} : f32[3]
+  %y = add(%x, %c) : f32[3]
+}
+""")
+    x = np.zeros(3, np.float32)
+    out = compile_graph(g).run([x])
+    assert len(out) == 4 and not np.shares_memory(out[0], x)
+    assert not np.shares_memory(out[1], out[2])
+    np.testing.assert_array_equal(out[3], [1, 2, 3])
+
+
+def test_bad_calls_raise_input_error():
+    cg = compile_graph(_add_graph((2, 3)))
+    with pytest.raises(InputError, match="takes 2 inputs"):
+        cg.run([np.ones((2, 3))])
+    with pytest.raises(InputError, match="shape"):
+        cg.run([np.ones((3, 2)), np.ones((3, 2))])
+    with pytest.raises(CompileError, match="threads"):
+        compile_graph(_add_graph((2,)), threads=0)
+
+
+def test_non_contiguous_and_other_dtype_inputs_are_converted():
+    cg = compile_graph(_add_graph((3, 4)))
+    a = np.arange(12, dtype=np.float64).reshape(4, 3).T  # transposed view, float64
+    np.testing.assert_array_equal(cg.run([a, a])[0], (2 * a).astype(np.float32))
+
+
+def test_scalar_and_empty_shapes():
+    for shape in [(), (0,), (3, 0, 2)]:
+        g = _add_graph(shape)
+        a = np.ones(shape, np.float32)
+        np.testing.assert_array_equal(compile_graph(g).run([a, a])[0], a + a)
+
+
+# -- memory plan ---------------------------------------------------------------------
+
+def test_arena_reuses_dead_buffers():
+    g = Graph("chain")
+    x = g.add_input("x", TensorType("f32", (64, 64)))
+    v = x
+    for _ in range(6):  # each step is a costly value read by two kernels
+        e = g.op("exp", v)
+        v = g.op("add", g.op("transpose", e, perm=(1, 0)), g.op("mul", e, e))
+    g.outputs = [v]
+    cg = compile_graph(g)
+    inter = [k.root for k in cg.kernels if k.root not in g.outputs]
+    assert len(inter) >= 6
+    one = 64 * 64 * 4
+    assert cg.arena_bytes < len(inter) * one  # buffers share the arena
+    a = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32) * 0.01
+    np.testing.assert_allclose(cg.run([a])[0], evaluate(g, [a])[0], rtol=1e-5)
+
+
+# -- threads -------------------------------------------------------------------------
+
+def test_threaded_kernels_match_single_threaded():
+    g = _softmax_graph(257, 300)
+    a = np.random.default_rng(1).standard_normal((257, 300)).astype(np.float32)
+    cg = compile_graph(g, threads=1)
+    one = cg.run([a])[0]
+    for n in (2, 3, 8):
+        cg.set_threads(n)
+        np.testing.assert_array_equal(cg.run([a])[0], one)
+    np.testing.assert_allclose(one, evaluate(g, [a])[0], rtol=2e-6, atol=1e-9)
+
+
+def test_concurrent_python_threads():
+    g = _softmax_graph(64, 1000)
+    cg = compile_graph(g, threads=2)
+    rng = np.random.default_rng(2)
+    inputs = [rng.standard_normal((64, 1000)).astype(np.float32) for _ in range(4)]
+    want = [cg.run([a])[0] for a in inputs]
+    errors = []
+
+    def worker(k: int) -> None:
+        for _ in range(30):
+            if not np.array_equal(cg.run([inputs[k]])[0], want[k]):
+                errors.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+# -- code quality --------------------------------------------------------------------
+
+def test_inner_loops_are_vectorized():
+    cg = compile_graph(_softmax_graph(8, 512))
+    optimized = str(llvm_cpu.optimize(cg.llvm_ir))
+    assert "x float>" in optimized  # the loop vectorizer widened the row passes
+    assert "@llvm.exp" not in optimized  # exp is inlined polynomial code, no libm call
+    assert len(cg.kernels) == 1 and "define void @\"run\"" in cg.llvm_ir
+
+
+def test_object_code_round_trips_through_a_cache():
+    store: dict = {}
+
+    class Cache:
+        def get(self, key):
+            return store.get(key)
+
+        def put(self, key, payload):
+            store[key] = payload
+
+    g = _add_graph((5,))
+    first = CompiledGraph(g, cache=Cache())
+    second = CompiledGraph(g, cache=Cache())
+    assert len(store) == 1 and first.object_code == second.object_code
+    a = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(second.run([a, a])[0], 2 * a)
+
+
+# -- overhead (printed) --------------------------------------------------------------
+
+def _per_call(fn, n: int) -> float:
+    for _ in range(n // 10):
+        fn()
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
+
+
+def test_per_call_overhead_and_thread_launch(monkeypatch):
+    cg = compile_graph(_add_graph((1, 1)))
+    a = np.ones((1, 1), np.float32)
+    call = _per_call(lambda: cg.run([a, a]), 5000)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", 1)  # force a threaded tiny kernel
+    g = Graph("t")
+    x = g.add_input("x", TensorType("f32", (2, 2)))
+    g.outputs = [g.op("transpose", x, perm=(1, 0))]
+    tiny = compile_graph(g, threads=1)
+    b = np.ones((2, 2), np.float32)
+    one = _per_call(lambda: tiny.run([b]), 5000)
+    tiny.set_threads(2)
+    two = _per_call(lambda: tiny.run([b]), 5000)
+    print(f"\nper call, 1x1 add: {call * 1e6:.2f} us; "
+          f"OpenMP launch (2 threads): {(two - one) * 1e6:.2f} us")

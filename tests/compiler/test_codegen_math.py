@@ -1,0 +1,113 @@
+"""Accuracy of braze's vectorizable float32 math (compiler/codegen/mathlib.py), in ulps.
+
+The reference is numpy/math in float64 rounded to float32 (correctly rounded
+but for rare double-rounding ties), so an error of N ulps here is at most N+0.5
+ulps from the exact value. Inputs: a sweep of every binade from denormals to
+the largest floats, both signs, plus inf, -inf, nan, +-0 and the bounds where
+each function saturates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from compiler.codegen import compile_graph, mathlib
+from compiler.ir import Graph, TensorType
+
+FAST = ("exp", "log", "tanh", "sigmoid", "erf")
+# the bounds the docstring of compiler/codegen/mathlib.py states, in ulps
+ULPS = {"exp": 2, "log": 2, "tanh": 4, "sigmoid": 4, "erf": 4}
+
+
+def _sweep(n_per_binade: int = 64, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    exps = np.arange(-149, 128)
+    mant = rng.random((len(exps), n_per_binade)) + 1.0
+    pos = (mant * np.exp2(exps.astype(np.float64))[:, None]).ravel()
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, mathlib.EXP_HI, mathlib.EXP_LO,
+                88.72284, 88.7229, -87.33655, -103.97, -103.98, -104.0, 0.25, 1.0, 4.0,
+                3.999, 9.0, 10.0, 20.0, 0.5, -0.5, 89.0, -1.0]
+    x = np.concatenate([pos, -pos, specials, rng.uniform(-110, 110, 20000)])
+    return x.astype(np.float32)
+
+
+def _reference(op: str, x: np.ndarray) -> np.ndarray:
+    d = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        if op == "exp":
+            r = np.exp(d)
+        elif op == "log":
+            r = np.log(d)
+        elif op == "tanh":
+            r = np.tanh(d)
+        elif op == "sigmoid":
+            r = np.where(d >= 0, 1 / (1 + np.exp(-d)), np.exp(d) / (1 + np.exp(d)))
+        else:
+            r = np.array([math.erf(v) if not math.isnan(v) else math.nan for v in d])
+        return r.astype(np.float32)
+
+
+def _ordered(a: np.ndarray) -> np.ndarray:
+    i = a.view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def ulp_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Distance in float32 steps (0 where both are NaN; huge where only one is)."""
+    both_nan = np.isnan(got) & np.isnan(want)
+    one_nan = np.isnan(got) ^ np.isnan(want)
+    d = np.abs(_ordered(got) - _ordered(want))
+    return np.where(both_nan, 0, np.where(one_nan, 1 << 40, d))
+
+
+@pytest.fixture(scope="module")
+def results():
+    x = _sweep()
+    g = Graph("fastmath")
+    v = g.add_input("x", TensorType("f32", x.shape))
+    g.outputs = [g.op(op, v) for op in FAST]
+    outs = compile_graph(g).run([x])
+    return x, dict(zip(FAST, outs))
+
+
+@pytest.mark.parametrize("op", FAST)
+def test_ulps_within_stated_bound(op, results):
+    x, outs = results
+    err = ulp_error(outs[op], _reference(op, x))
+    worst = int(np.argmax(err))
+    print(f"{op}: max {err.max()} ulp (x={x[worst]!r}), mean {err.mean():.3f}")
+    assert err.max() <= ULPS[op], f"{op}({x[worst]!r}) = {outs[op][worst]!r}: {err[worst]} ulp"
+
+
+@pytest.mark.parametrize("op,x,want", [
+    ("exp", np.inf, np.inf), ("exp", -np.inf, 0.0), ("exp", 89.0, np.inf),
+    ("exp", -104.0, 0.0), ("log", 0.0, -np.inf), ("log", -1.0, np.nan),
+    ("log", np.inf, np.inf), ("log", 1.0, 0.0), ("tanh", np.inf, 1.0), ("tanh", -np.inf, -1.0),
+    ("sigmoid", np.inf, 1.0), ("sigmoid", -np.inf, 0.0), ("erf", np.inf, 1.0),
+    ("erf", -np.inf, -1.0), ("erf", 0.0, 0.0), ("tanh", -0.0, -0.0),
+])
+def test_special_values(op, x, want, results):
+    xs, outs = results
+    same = xs.view(np.int32) == np.float32(x).view(np.int32)  # bitwise: -0.0 is not 0.0
+    got = outs[op][np.flatnonzero(same | (np.isnan(xs) & np.isnan(x)))[0]]
+    np.testing.assert_array_equal(np.float32(got), np.float32(want))
+    assert np.signbit(got) == np.signbit(np.float32(want))
+
+
+def test_nan_in_nan_out(results):
+    xs, outs = results
+    for op in FAST:
+        assert np.isnan(outs[op][np.isnan(xs)]).all(), op
+
+
+def test_float64_uses_exact_libm():
+    x = _sweep(8).astype(np.float64)
+    g = Graph("f64math")
+    v = g.add_input("x", TensorType("f64", x.shape))
+    g.outputs = [g.op(op, v) for op in ("exp", "log", "tanh")]
+    for got, fn in zip(compile_graph(g).run([x]), (np.exp, np.log, np.tanh)):
+        with np.errstate(all="ignore"):
+            np.testing.assert_allclose(got, fn(x), rtol=5e-16, atol=1e-300)  # 2 ulp

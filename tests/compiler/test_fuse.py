@@ -1,0 +1,283 @@
+"""Kernel formation (compiler/passes/fuse.py): kernel counts, what each kernel computes,
+why values get buffers; and the fused kernels' numbers against the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.codegen import compile_graph
+from compiler.interp import evaluate
+from compiler.ir import verify
+from compiler.passes.fuse import plan
+from compiler.text import parse_graph
+from tests.compiler.test_codegen_ops import assert_matches
+
+ADD3 = """
+graph add3(%a: f32[8,16], %b: f32[16], %c: f32[8,1]) -> (%y) {
+  %ab = add(%a, %b) : f32[8,16]
+  %y = add(%ab, %c) : f32[8,16]
+}
+"""
+
+SOFTMAX = """
+graph softmax(%x: f32[6,100]) -> (%y) {
+  %m = reduce_max(%x) {axes=[1], keepdims=true} : f32[6,1]
+  %d = sub(%x, %m) : f32[6,100]
+  %e = exp(%d) : f32[6,100]
+  %s = reduce_sum(%e) {axes=[1], keepdims=true} : f32[6,1]
+  %y = div(%e, %s) : f32[6,100]
+}
+"""
+
+LOG_SOFTMAX = """
+graph log_softmax(%x: f32[3,5,40]) -> (%y) {
+  %m = reduce_max(%x) {axes=[2], keepdims=true} : f32[3,5,1]
+  %d = sub(%x, %m) : f32[3,5,40]
+  %e = exp(%d) : f32[3,5,40]
+  %s = reduce_sum(%e) {axes=[2], keepdims=true} : f32[3,5,1]
+  %l = log(%s) : f32[3,5,1]
+  %y = sub(%d, %l) : f32[3,5,40]
+}
+"""
+
+LAYER_NORM = """
+graph layer_norm(%x: f32[10,64], %gamma: f32[64], %beta: f32[64]) -> (%y) {
+  %inv_n = const() {value=dense<f32[]: [0.015625]>} : f32[]
+  %eps = const() {value=dense<f32[]: [1e-05]>} : f32[]
+  %s = reduce_sum(%x) {axes=[1], keepdims=true} : f32[10,1]
+  %mean = mul(%s, %inv_n) : f32[10,1]
+  %d = sub(%x, %mean) : f32[10,64]
+  %sq = mul(%d, %d) : f32[10,64]
+  %ss = reduce_sum(%sq) {axes=[1], keepdims=true} : f32[10,1]
+  %var = mul(%ss, %inv_n) : f32[10,1]
+  %ve = add(%var, %eps) : f32[10,1]
+  %sd = sqrt(%ve) : f32[10,1]
+  %n = div(%d, %sd) : f32[10,64]
+  %sc = mul(%n, %gamma) : f32[10,64]
+  %y = add(%sc, %beta) : f32[10,64]
+}
+"""
+
+MEAN_VAR = """
+graph mean_var(%x: f32[7,33]) -> (%mean, %var) {
+  %inv_n = const() {value=dense<f32[]: [0.030303030303]>} : f32[]
+  %s = reduce_sum(%x) {axes=[1], keepdims=false} : f32[7]
+  %mean = mul(%s, %inv_n) : f32[7]
+  %x2 = mul(%x, %x) : f32[7,33]
+  %s2 = reduce_sum(%x2) {axes=[1], keepdims=false} : f32[7]
+  %m2 = mul(%s2, %inv_n) : f32[7]
+  %mm = mul(%mean, %mean) : f32[7]
+  %var = sub(%m2, %mm) : f32[7]
+}
+"""
+
+TRANSPOSE_ADD = """
+graph transpose_add(%x: f32[16,8], %y: f32[8,16]) -> (%z) {
+  %t = transpose(%x) {perm=[1, 0]} : f32[8,16]
+  %z = add(%t, %y) : f32[8,16]
+}
+"""
+
+MOVEMENT_CHAIN = """
+graph moves(%x: f32[4,6], %y: f32[3,4], %i: i64[5]) -> (%z) {
+  %t = transpose(%x) {perm=[1, 0]} : f32[6,4]
+  %r = reshape(%t) {shape=[2, 3, 4]} : f32[2,3,4]
+  %s = slice(%r) {starts=[1, 0, 0], steps=[1, 1, 1], sizes=[1, 3, 4]} : f32[1,3,4]
+  %q = reshape(%s) {shape=[3, 4]} : f32[3,4]
+  %c = concat(%q, %y) {axis=0} : f32[6,4]
+  %p = pad(%c) {pads=[1, 0, 0, 2], mode="constant", value=0.0} : f32[7,6]
+  %g = gather(%p, %i) {axis=0} : f32[5,6]
+  %b = broadcast(%g) {shape=[2, 5, 6]} : f32[2,5,6]
+  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
+  %gt = gt(%b, %zero) : bool[2,5,6]
+  %nb = neg(%b) : f32[2,5,6]
+  %z = select(%gt, %b, %nb) : f32[2,5,6]
+}
+"""
+
+
+def _graph(text: str):
+    g = parse_graph(text)
+    g.toposort()
+    verify(g)
+    return g
+
+
+def _inputs(g, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    out = []
+    for v in g.inputs:
+        if v.dtype == "i64":
+            out.append(rng.integers(-3, 3, v.shape))
+        else:
+            out.append(rng.standard_normal(v.shape).astype(np.float32))
+    return out
+
+
+# float32 tolerance of fused kernels: row sums reassociate (a partial sum per vector
+# lane), and layer norm's x - mean amplifies that difference
+RTOL, ATOL = 2e-5, 2e-6
+
+
+def _check_numbers(g) -> None:
+    inputs = _inputs(g)
+    got = compile_graph(g).run(inputs)
+    for v, a, b in zip(g.outputs, got, evaluate(g, inputs)):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=v.name)
+
+
+def test_a_plus_b_plus_c_is_one_kernel():
+    g = _graph(ADD3)
+    p = plan(g)
+    assert len(p.kernels) == 1 and p.kernels[0].kind == "loop"
+    assert [n.op for n in p.kernels[0].nodes] == ["add", "add"]
+    assert p.reasons == {g.outputs[0]: "cluster output"}
+    _check_numbers(g)
+
+
+def test_softmax_is_one_kernel_of_three_passes():
+    g = _graph(SOFTMAX)
+    p = plan(g)
+    assert len(p.kernels) == 1
+    k = p.kernels[0]
+    assert k.kind == "row" and k.domain == (6, 100) and k.axes == (1,)
+    # max; then sum of exp; then the normalizing pass that writes the row
+    assert [[n.op for n in level] for level in k.levels] == [["reduce_max"], ["reduce_sum"]]
+    assert sorted(n.op for n in k.nodes) == sorted(
+        ["reduce_max", "sub", "exp", "reduce_sum", "div"])
+    _check_numbers(g)
+
+
+def test_log_softmax_is_one_kernel():
+    g = _graph(LOG_SOFTMAX)
+    assert len(plan(g).kernels) == 1
+    _check_numbers(g)
+
+
+def test_layer_norm_is_one_kernel():
+    g = _graph(LAYER_NORM)
+    p = plan(g)
+    assert len(p.kernels) == 1
+    k = p.kernels[0]
+    assert [[n.outputs[0].name for n in level] for level in k.levels] == [["s"], ["ss"]]
+    assert len(k.nodes) == len([n for n in g.nodes if n.op != "const"])
+    _check_numbers(g)
+
+
+def test_mean_and_variance_outputs():
+    g = _graph(MEAN_VAR)
+    p = plan(g)
+    # one row kernel per output; %var's reads %mean from the first kernel's output
+    assert [k.root.name for k in p.kernels] == ["mean", "var"]
+    assert [[n.outputs[0].name for n in lv] for lv in p.kernels[1].levels] == [["s2"]]
+    _check_numbers(g)
+
+
+def test_transpose_add_is_one_kernel():
+    g = _graph(TRANSPOSE_ADD)
+    p = plan(g)
+    assert len(p.kernels) == 1
+    assert [n.op for n in p.kernels[0].nodes] == ["transpose", "add"]
+    _check_numbers(g)
+
+
+def test_movement_chain_is_index_arithmetic():
+    g = _graph(MOVEMENT_CHAIN)
+    p = plan(g)
+    assert len(p.kernels) == 1
+    assert p.reasons == {g.outputs[0]: "cluster output"}
+    g_in = _inputs(g)
+    g_in[2] = np.array([0, -1, 3, 6, 2])
+    got = compile_graph(g).run(g_in)
+    assert_matches(got[0], evaluate(g, g_in)[0], "z")
+
+
+def test_reductions_over_other_axes_split_with_a_reason():
+    g = _graph("""
+graph two_axes(%x: f32[5,7]) -> (%y) {
+  %r = reduce_sum(%x) {axes=[1], keepdims=true} : f32[5,1]
+  %d = sub(%x, %r) : f32[5,7]
+  %y = reduce_max(%d) {axes=[0], keepdims=true} : f32[1,7]
+}
+""")
+    p = plan(g)
+    assert len(p.kernels) == 2
+    r = next(v for v in p.reasons if v.name == "r")
+    assert "axes (1,)" in p.reasons[r] and "reduces axes (0,)" in p.reasons[r]
+    _check_numbers(g)
+
+
+def test_movement_after_a_reduction_ends_the_row_kernel():
+    g = _graph(SOFTMAX.replace("-> (%y)", "-> (%t)").replace(
+        "  %y = div(%e, %s) : f32[6,100]\n",
+        "  %y = div(%e, %s) : f32[6,100]\n  %t = transpose(%y) {perm=[1, 0]} : f32[100,6]\n"))
+    p = plan(g)
+    assert len(p.kernels) == 2
+    y = next(v for v in p.reasons if v.name == "y")
+    assert "transpose of a value derived from a reduction" in p.reasons[y]
+    _check_numbers(g)
+
+
+def test_shared_costly_value_is_materialized_cheap_one_recomputed():
+    g = _graph("""
+graph shared(%x: f32[4,9], %y: f32[4,9]) -> (%o1, %o2, %o3, %o4) {
+  %e = exp(%x) : f32[4,9]
+  %a = add(%x, %y) : f32[4,9]
+  %o1 = mul(%e, %a) : f32[4,9]
+  %o2 = sub(%e, %a) : f32[4,9]
+  %o3 = add(%o1, %a) : f32[4,9]
+  %o4 = neg(%a) : f32[4,9]
+}
+""")
+    p = plan(g)
+    names = {v.name: r for v, r in p.reasons.items()}
+    assert "costly to recompute" in names["e"] and "a" not in names
+    assert "cheaper to recompute" in {v.name: r for v, r in p.notes.items()}["a"]
+    assert len(p.kernels) == 5
+    assert "kernel 0 (loop) -> %e: exp" in p.explain()
+    _check_numbers(g)
+
+
+def test_reduction_read_by_two_kernels_is_computed_once():
+    g = _graph("""
+graph shared_red(%x: f32[4,9]) -> (%a, %b) {
+  %s = reduce_sum(%x) {axes=[1], keepdims=true} : f32[4,1]
+  %a = div(%x, %s) : f32[4,9]
+  %b = mul(%x, %s) : f32[4,9]
+}
+""")
+    p = plan(g)
+    assert [v.name for v in p.materialized if v.name == "s"] == ["s"]
+    assert len(p.kernels) == 3
+    _check_numbers(g)
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_plain_reduction_output(keepdims):
+    shape = "f32[5,1]" if keepdims else "f32[5]"
+    g = _graph(f"""
+graph red(%x: f32[5,300], %y: f32[5,300]) -> (%r) {{
+  %m = mul(%x, %y) : f32[5,300]
+  %r = reduce_sum(%m) {{axes=[1], keepdims={str(keepdims).lower()}}} : {shape}
+}}
+""")
+    assert len(plan(g).kernels) == 1
+    _check_numbers(g)
+
+
+def test_matmul_is_its_own_kernel_with_materialized_operands():
+    g = _graph("""
+graph mlp(%x: f32[4,8], %w: f32[8,16], %bias: f32[16]) -> (%y) {
+  %xt = neg(%x) : f32[4,8]
+  %h = matmul(%xt, %w) : f32[4,16]
+  %hb = add(%h, %bias) : f32[4,16]
+  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
+  %y = max(%hb, %zero) : f32[4,16]
+}
+""")
+    p = plan(g)
+    assert [k.kind for k in p.kernels] == ["loop", "contraction", "loop"]
+    names = {v.name: r for v, r in p.reasons.items()}
+    assert "operand" in names["xt"] and "matmul result" in names["h"]
+    _check_numbers(g)
