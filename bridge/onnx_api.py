@@ -10,6 +10,7 @@ signature (MAX_SPECIALIZATIONS, least recently used dropped first).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -55,6 +56,15 @@ class Options:
         return opts
 
 
+@functools.cache
+def compile_cache():
+    """The on-disk cache of compiled code (runtime/disk_cache.py; BRAZE_CACHE_DIR=off
+    disables it)."""
+    from runtime.disk_cache import DiskCache
+
+    return DiskCache()
+
+
 def codegen_supports(target: str):
     """The target's `supports(node) -> None | reason` (CONTRACTS.md, codegen)."""
     try:
@@ -96,7 +106,7 @@ def make_step(cluster: Cluster, graph: Graph, target: str, threads: int, opset: 
     if cluster.compiled:
         from compiler.codegen import compile_graph
 
-        compiled = compile_graph(sub, target=target, threads=threads)
+        compiled = compile_graph(sub, target=target, threads=threads, cache=compile_cache())
         return compiled.run
     return host_step(sub, threads, opset)
 
