@@ -83,10 +83,11 @@ def run_pipeline(graph: Graph) -> None:
     run_passes(graph)
 
 
-def plan(graph: Graph, target: str) -> list[Cluster]:
-    """Passes, then clusters of `graph` for `target`."""
+def plan(graph: Graph, target: str, allow_fallback: bool = True) -> list[Cluster]:
+    """Passes, then clusters of `graph` for `target` (without fallback, no cheap op is
+    moved to the host: every refusal is then a real one)."""
     run_pipeline(graph)
-    return partition(graph, codegen_supports(target))
+    return partition(graph, codegen_supports(target), demote_cheap=allow_fallback)
 
 
 def first_refusal(clusters: list[Cluster]) -> str | None:
@@ -138,7 +139,7 @@ class _Specialization:
 
         imported = import_onnx(model, input_shapes=shapes)
         self.graph = imported.graph
-        self.clusters = plan(self.graph, target)
+        self.clusters = plan(self.graph, target, opts.allow_fallback)
         if not opts.allow_fallback and (why := first_refusal(self.clusters)):
             raise CompileError(f"{why} (allow_fallback=False)")
         self.executable = build_executable(

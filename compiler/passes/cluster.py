@@ -1,46 +1,69 @@
 """Mark-for-compilation and clustering, after XLA's mark_for_compilation_pass.
 
-1. `mark`: each node is compilable or not; a refusal carries a sentence (from the
-   target's `supports(node)`, or the boundary-cost rule below).
-2. `partition`: nodes, visited in topological order, join a cluster of their own
-   kind (compiled or host) when that creates no cycle; otherwise they start one.
-   Host nodes are grouped too (one onnxruntime session per host cluster).
-3. `outline`: a cluster becomes a standalone sub-graph.
+1. `mark`: every non-constant node is compilable (None) or not (a sentence: the
+   target's `supports(node)`, or a host op's own reason).
+2. `partition`: start with one cluster per node; contract edges between
+   clusters of the same kind (compiled with compiled, host with host) whenever
+   that closes no cycle, then merge unconnected clusters of the same kind under
+   the same rule, until nothing changes. Host clusters are grown too: each
+   becomes one onnxruntime session (or one eager fx sub-module).
+3. `outline`: a cluster becomes a standalone sub-graph. Deciding and outlining
+   are separate, so `braze explain` can show a partition it never builds.
 
-Acyclicity (legality). Clusters form a DAG; `anc[C]` is the set of clusters C
-depends on, kept transitively closed as a bitset. Adding node n to cluster C
-is legal iff no cluster P that feeds n (P != C) depends on C: otherwise
-C -> ... -> P -> n in C would be a cycle. This is GraphCycles' contract-edge
-check made incremental by the topological visit: n is a sink when it is placed,
-so only C's ancestor set and its descendants' sets grow (one OR per cluster).
+Legality ("may these merge") is `_may_merge`: same kind, and GraphCycles
+(compiler/passes/cycles.py) finds no path between them except a direct edge;
+its ranks make each check a search bounded to the clusters ranked between the
+two, not a re-check of the graph. Profitability ("should this be compiled") is
+`cheap_refusal`: a compiled cluster of a few cheap elementwise/movement ops,
+whose only neighbours are host clusters, costs more at its boundaries (a step,
+buffers handed across) than it saves, so it goes to the host with that reason.
 
-Profitability is separate: `worth_a_boundary` says whether a compiled cluster
-pays for leaving the host (see CHEAP_CLUSTER_ELEMENTS).
-
-Constants are not clustered: `outline` copies each constant a cluster reads into
-its sub-graph, so a constant never forces an edge (or a cycle) between clusters.
+Constants are no cluster's members and make no edges: `outline` copies every
+constant a cluster reads into its sub-graph (numpy arrays are shared, not
+copied). A constant read by two clusters would otherwise tie them together
+with an edge and could block merges or force one cluster to export weights to
+another; a copy costs nothing at run time and lets codegen pre-pack it.
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
 from compiler.ir import Graph, Node, Value
 from compiler.ops import Family
+from compiler.passes.cycles import GraphCycles
+
+log = logging.getLogger("braze.passes")
 
 Supports = Callable[[Node], "str | None"]
 
-# A compiled cluster made only of elementwise/movement ops producing fewer
-# elements than this, wedged between host clusters, costs more in boundary
-# crossings (a kernel call plus buffer hand-offs) than it saves: keep it on the host.
+# A compiled cluster made only of elementwise/movement ops that together produce
+# fewer elements than this, with host clusters as its only neighbours, is put on
+# the host: a kernel launch plus two buffer hand-offs across the boundary cost
+# more than the few microseconds the host takes for a few thousand elements.
 CHEAP_CLUSTER_ELEMENTS = 4096
-_CHEAP_FAMILIES = (Family.ELEMENTWISE, Family.MOVEMENT)
+CHEAP_FAMILIES = frozenset({Family.ELEMENTWISE, Family.MOVEMENT})
+CHEAP_REASON = ("too cheap to compile on its own between host nodes "
+                f"(elementwise/movement, < {CHEAP_CLUSTER_ELEMENTS} elements)")
+
+# Unconnected clusters of one kind are merged with at most this many earlier
+# ones (nearest in topological order first): each try is a bounded search, and
+# the window keeps a graph with thousands of clusters from quadratic work.
+SIBLING_WINDOW = 16
 
 
 @dataclass
 class Cluster:
-    """A set of nodes run as one step: compiled by braze, or run by the host framework."""
+    """Nodes run as one step: compiled by braze, or run by the host framework.
+
+    `id` is the cluster's position in the executable order; `nodes` are in graph
+    order; `inputs` are the non-constant values it reads from outside (order of
+    first use), `outputs` the values it produces that are read outside it or are
+    graph outputs (node order); `reasons` says, for each node not compiled, why.
+    """
 
     id: int
     compiled: bool
@@ -54,129 +77,178 @@ class Cluster:
         return "compiled" if self.compiled else "host"
 
 
-def mark(graph: Graph, supports: Supports) -> dict[Node, str | None]:
-    """node -> None (compilable) or the reason it is not; constants are not marked."""
-    return {n: (supports(n) if n.op != "host" else _host_reason(n))
-            for n in graph.nodes if n.op != "const"}
-
-
-def _host_reason(n: Node) -> str:
+def host_reason(n: Node) -> str:
     return n.attrs.get("reason") or f"{n.attrs.get('op_type', 'op')} is a host op"
 
 
-def partition(graph: Graph, supports: Supports) -> list[Cluster]:
-    """Maximal acyclic clusters, in an executable order (see the module docstring)."""
-    marks = mark(graph, supports)
-    clusters = _grow(graph, marks)
-    demoted = [c for c in clusters if c.compiled and not worth_a_boundary(graph, c, clusters)]
-    if demoted:
-        for c in demoted:
-            for n in c.nodes:
-                marks[n] = ("too cheap to compile on its own between host clusters "
-                            f"(< {CHEAP_CLUSTER_ELEMENTS} elements of elementwise/movement ops)")
-        clusters = _grow(graph, marks)
+def mark(graph: Graph, supports: Supports) -> dict[Node, str | None]:
+    """node -> None (compilable) or the reason it is not; constants are not marked."""
+    return {n: (supports(n) if n.op != "host" else host_reason(n))
+            for n in graph.nodes if n.op != "const"}
+
+
+class _Partition:
+    """Clusters being grown: cluster k starts as {nodes[k]}; merged ones point at a rep."""
+
+    def __init__(self, graph: Graph, marks: dict[Node, str | None]):
+        self.nodes = [n for n in graph.nodes if n.op != "const"]
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        self.reasons = {n: why for n, why in marks.items() if why is not None}
+        self.compiled = [marks[n] is None for n in self.nodes]
+        self.members = [[i] for i in range(len(self.nodes))]
+        self.rep = list(range(len(self.nodes)))
+        self.cycles = GraphCycles(len(self.nodes))
+        for i, n in enumerate(self.nodes):
+            for p in self.producers(i):
+                self.cycles.insert_edge(p, i)
+
+    def producers(self, i: int) -> set[int]:
+        node = self.nodes[i]
+        return {self.index[v.producer] for v in node.inputs
+                if v.producer is not None and v.producer.op != "const"}
+
+    def find(self, i: int) -> int:
+        while self.rep[i] != i:
+            self.rep[i] = self.rep[self.rep[i]]
+            i = self.rep[i]
+        return i
+
+    def live(self) -> list[int]:
+        return [c for c in range(len(self.nodes)) if self.rep[c] == c]
+
+    def may_merge(self, a: int, b: int) -> bool:
+        """Legality: same kind, and merging closes no cycle (then it is done)."""
+        if a == b or self.compiled[a] != self.compiled[b]:
+            return False
+        if not self.cycles.merge(a, b):
+            log.debug("clusters of %s and %s not merged: another path joins them, so "
+                      "merging would close a cycle", self.nodes[a], self.nodes[b])
+            return False
+        self.rep[b] = a
+        self.members[a] += self.members[b]
+        self.members[b] = []
+        return True
+
+    def contract_edges(self, compiled: bool | None = None) -> bool:
+        """Contract every producer -> consumer edge between clusters of one kind."""
+        changed = False
+        for i in range(len(self.nodes)):
+            for p in sorted(self.producers(i)):
+                a, b = self.find(p), self.find(i)
+                if compiled is None or self.compiled[a] == compiled:
+                    changed |= self.may_merge(a, b)
+        return changed
+
+    def merge_siblings(self) -> bool:
+        """Merge clusters with no edge between them into an earlier one of their kind."""
+        changed = False
+        order = sorted(self.live(), key=self.cycles.rank.__getitem__)
+        for k, c in enumerate(order):
+            earlier = [e for e in reversed(order[:k]) if self.rep[e] == e]
+            if any(self.may_merge(e, c) for e in earlier[:SIBLING_WINDOW]):
+                changed = True
+        return changed
+
+    def demote_cheap(self) -> None:
+        """Profitability: cheap compiled clusters surrounded by host ones go to the host."""
+        for c in self.live():
+            if self.compiled[c] and cheap_refusal(self, c) is not None:
+                self.compiled[c] = False
+                for i in self.members[c]:
+                    self.reasons[self.nodes[i]] = CHEAP_REASON
+
+
+def cheap_refusal(part: _Partition, c: int) -> str | None:
+    """Why compiled cluster c is not worth its boundary, or None if it is."""
+    nodes = [part.nodes[i] for i in part.members[c]]
+    if any(n.opdef.family not in CHEAP_FAMILIES for n in nodes):
+        return None
+    if sum(o.type.size for n in nodes for o in n.outputs) >= CHEAP_CLUSTER_ELEMENTS:
+        return None
+    neighbours = part.cycles.succ[c] | part.cycles.pred[c]
+    if not neighbours or any(part.compiled[m] for m in neighbours):
+        return None
+    return CHEAP_REASON
+
+
+def partition(graph: Graph, supports: Supports, *, demote_cheap: bool = True) -> list[Cluster]:
+    """Maximal acyclic clusters in an executable order (see the module docstring).
+
+    demote_cheap=False keeps every compilable node compiled (for allow_fallback=False,
+    where "too cheap" must not read as a refusal).
+    """
+    part = _Partition(graph, mark(graph, supports))
+    while part.contract_edges(compiled=True):
+        pass
+    if demote_cheap:
+        part.demote_cheap()
+    while part.contract_edges() | part.merge_siblings():
+        pass
+    return _clusters(graph, part)
+
+
+def _clusters(graph: Graph, part: _Partition) -> list[Cluster]:
+    order = _topological(part)
+    clusters = []
+    owner: dict[Value, int] = {}
+    for k, c in enumerate(order):
+        cl = Cluster(k, part.compiled[c], [part.nodes[i] for i in sorted(part.members[c])])
+        cl.reasons = {n: part.reasons[n] for n in cl.nodes if n in part.reasons}
+        owner.update((o, k) for n in cl.nodes for o in n.outputs)
+        clusters.append(cl)
+    set_boundaries(graph, clusters, owner)
     return clusters
 
 
-def _grow(graph: Graph, marks: dict[Node, str | None]) -> list[Cluster]:
-    owner: dict[Value, int] = {}  # value -> id of the cluster producing it
-    anc: list[int] = []  # bitset of ancestor cluster ids, transitively closed
-    clusters: list[Cluster] = []
-    last_of_kind: dict[bool, int] = {}
-    for n in graph.nodes:
-        if n.op == "const":
-            continue
-        compiled = marks[n] is None
-        feeds = {owner[v] for v in n.inputs if v in owner}
-        candidates = [c for c in sorted(feeds, reverse=True) if clusters[c].compiled == compiled]
-        if compiled in last_of_kind and last_of_kind[compiled] not in candidates:
-            candidates.append(last_of_kind[compiled])
-        target = next((c for c in candidates if _legal(c, feeds, anc)), None)
-        if target is None:
-            target = len(clusters)
-            clusters.append(Cluster(target, compiled))
-            anc.append(0)
-        _place(n, target, feeds, anc)
-        clusters[target].nodes.append(n)
-        if not compiled:
-            clusters[target].reasons[n] = marks[n]
-        last_of_kind[compiled] = target
-        for o in n.outputs:
-            owner[o] = target
-    _set_boundaries(graph, clusters, owner)
-    return _ordered(clusters, anc)
+def _topological(part: _Partition) -> list[int]:
+    """Live clusters in dependency order; ties broken by their first node (deterministic)."""
+    live = part.live()
+    waiting = {c: len(part.cycles.pred[c]) for c in live}
+    ready = [(min(part.members[c]), c) for c in live if waiting[c] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, c = heapq.heappop(ready)
+        order.append(c)
+        for s in part.cycles.succ[c]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, (min(part.members[s]), s))
+    assert len(order) == len(live), "cluster graph has a cycle"
+    return order
+
+
+def set_boundaries(graph: Graph, clusters: list[Cluster], owner: dict[Value, int]) -> None:
+    """Each cluster's inputs (non-constant values from outside) and outputs (read outside)."""
+    read_outside = set(graph.outputs)
+    for c in clusters:
+        seen = set()
+        for n in c.nodes:
+            for v in n.inputs:
+                if owner.get(v) == c.id:
+                    continue
+                read_outside.add(v)
+                is_const = v.producer is not None and v.producer.op == "const"
+                if not is_const and v not in seen:
+                    seen.add(v)
+                    c.inputs.append(v)
+    for c in clusters:
+        c.outputs = [o for n in c.nodes for o in n.outputs if o in read_outside]
 
 
 def singletons(graph: Graph, compiled: bool = False) -> list[Cluster]:
-    """One cluster per (non-constant) node, in graph order: the finest partition."""
+    """One cluster per non-constant node, in graph order: the finest partition."""
     clusters, owner = [], {}
     for n in graph.nodes:
         if n.op == "const":
             continue
         c = Cluster(len(clusters), compiled, [n])
         if not compiled:
-            c.reasons[n] = _host_reason(n) if n.op == "host" else "split from its cluster"
+            c.reasons[n] = host_reason(n) if n.op == "host" else "split from its cluster"
         clusters.append(c)
-        owner.update({o: c.id for o in n.outputs})
-    _set_boundaries(graph, clusters, owner)
+        owner.update((o, c.id) for o in n.outputs)
+    set_boundaries(graph, clusters, owner)
     return clusters
-
-
-def _legal(c: int, feeds: set[int], anc: list[int]) -> bool:
-    """May a node fed by `feeds` join cluster c? Only if no feeder depends on c."""
-    return all(p == c or not (anc[p] >> c) & 1 for p in feeds)
-
-
-def _place(n: Node, c: int, feeds: set[int], anc: list[int]) -> None:
-    """Record that c now depends on n's feeders; propagate to c's descendants."""
-    new = 0
-    for p in feeds:
-        if p != c:
-            new |= anc[p] | (1 << p)
-    if new & ~anc[c]:
-        anc[c] |= new
-        for d in range(len(anc)):
-            if (anc[d] >> c) & 1:
-                anc[d] |= anc[c]
-
-
-def _set_boundaries(graph: Graph, clusters: list[Cluster], owner: dict[Value, int]) -> None:
-    """Each cluster's inputs (non-constant values from outside) and outputs (used outside)."""
-    graph_outputs = set(graph.outputs)
-    used_outside: dict[Value, bool] = {v: True for v in graph_outputs}
-    for c in clusters:
-        for n in c.nodes:
-            for v in n.inputs:
-                src = owner.get(v)
-                if src != c.id:
-                    used_outside[v] = True
-                    if src is not None or v.producer is None:
-                        if v not in c.inputs:
-                            c.inputs.append(v)
-    for c in clusters:
-        c.outputs = [o for n in c.nodes for o in n.outputs if used_outside.get(o)]
-
-
-def _ordered(clusters: list[Cluster], anc: list[int]) -> list[Cluster]:
-    """Clusters sorted so each comes after every cluster it depends on."""
-    # Sorting by the number of ancestors is a topological order because anc is
-    # transitively closed: if A is an ancestor of B, anc[A] | {A} is a subset of anc[B].
-    depth = {c.id: bin(anc[c.id]).count("1") for c in clusters}
-    live = [c for c in clusters if c.nodes]
-    return sorted(live, key=lambda c: (depth[c.id], c.id))
-
-
-def worth_a_boundary(graph: Graph, c: Cluster, clusters: list[Cluster]) -> bool:
-    """Is compiled cluster c worth its boundary? (profitability, not legality)"""
-    if any(n.opdef.family not in _CHEAP_FAMILIES for n in c.nodes):
-        return True
-    if sum(o.type.size for n in c.nodes for o in n.outputs) >= CHEAP_CLUSTER_ELEMENTS:
-        return True
-    host_values = {o for h in clusters if not h.compiled for n in h.nodes for o in n.outputs}
-    reads_host = any(v in host_values for v in c.inputs)
-    host_inputs = {v for h in clusters if not h.compiled for v in h.inputs}
-    feeds_host = any(v in host_inputs for v in c.outputs)
-    return not (reads_host and feeds_host)
 
 
 def outline(graph: Graph, cluster: Cluster) -> Graph:
@@ -195,23 +267,27 @@ def outline(graph: Graph, cluster: Cluster) -> Graph:
     return g
 
 
+def _label(n: Node) -> str:
+    return n.attrs["op_type"] if n.op == "host" else n.op
+
+
 def describe_partition(clusters: list[Cluster]) -> str:
-    """Human-readable clusters and, for every node not compiled, why (`braze explain`)."""
+    """Clusters with their node counts and ops, then every node not compiled and why
+    (`braze explain`)."""
     lines = []
     for c in clusters:
         ops: dict[str, int] = {}
         for n in c.nodes:
-            key = n.attrs["op_type"] if n.op == "host" else n.op
-            ops[key] = ops.get(key, 0) + 1
+            ops[_label(n)] = ops.get(_label(n), 0) + 1
         summary = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in ops.items())
-        lines.append(f"cluster {c.id} ({c.kind}, {len(c.nodes)} nodes): {summary}")
+        lines.append(f"cluster {c.id} ({c.kind}, {len(c.nodes)} nodes, "
+                     f"{len(c.inputs)} in, {len(c.outputs)} out): {summary}")
     not_compiled = [(c, n) for c in clusters if not c.compiled for n in c.nodes]
     total = sum(len(c.nodes) for c in clusters)
     lines.append(f"{total - len(not_compiled)} of {total} nodes compiled by braze")
     if not_compiled:
         lines.append("not compiled:")
     for c, n in not_compiled:
-        label = n.attrs["op_type"] if n.op == "host" else n.op
-        lines.append(f"  {label} {n.name or n.outputs[0].name!r} (cluster {c.id}): "
+        lines.append(f"  {_label(n)} {n.name or n.outputs[0].name!r} (cluster {c.id}): "
                      f"{c.reasons[n]}")
     return "\n".join(lines) + "\n"

@@ -1,179 +1,163 @@
-"""Graph clean-up passes: constant folding, dead code, common subexpressions, identities.
+"""Graph clean-up passes: constant folding, dead code, common subexpressions.
 
 Each pass is `fn(graph) -> bool` (whether it changed the graph), in place.
+The algebraic identities (x*1, reshape of reshape, ...) live in identities.py.
 
-Identity rules (x is the non-constant operand, c a constant; each applies only
-when the result has x's shape and dtype, so no broadcast is lost):
-  x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1        -> x
-  reshape/broadcast to x's own shape, transpose by the identity permutation,
-  full slice (start 0, step 1, whole size), cast to x's dtype, zero padding,
-  single-input concat, reduction over no axes      -> x
-  reshape(reshape(x))                             -> reshape(x)
-  transpose(transpose(x, p), q)                   -> transpose(x, p o q)
+Constant folding replaces a node whose inputs are all constants by a `const`
+holding `OpDef.evaluate` of it, the same numpy semantics the interpreter uses,
+so folding never changes what a graph computes. The folded value keeps its
+name. Host nodes are never folded (compiler/ knows no framework, and some host
+ops are random).
+
+Common subexpressions: two nodes are the same when op, attributes and inputs
+are (inputs compared as SSA values). Constants compare by value: dtype, shape
+and bytes, so NaN payloads match themselves and -0.0 stays apart from 0.0.
+Float attributes compare by repr for the same two reasons.
 """
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
+from compiler import dtypes
+from compiler.errors import BrazeError
 from compiler.ir import Graph, Node, Value
+from compiler.ops import get_op
+from compiler.passes.rules import const_value
 
-# Constants are folded up to this many output elements: enough for every weight
-# transform (transposed or scaled weights are folded once at compile time, the
-# way inductor's freezing does), small enough not to blow up memory on
-# broadcast-produced giants.
-FOLD_ELEMENTS = 1 << 24
+log = logging.getLogger("braze.passes")
+
+# Results up to this many elements are always folded: shape chains, scalars,
+# per-channel vectors. Larger results are folded only when no bigger than the
+# constants they are computed from (a transposed or scaled weight is folded once
+# at compile time, as inductor's freezing does; a scalar broadcast to a big
+# tensor is not, as it would bloat memory for nothing).
+FOLD_ALWAYS_ELEMENTS = 1 << 12
+# Nothing larger than this is folded, to bound compile time and memory.
+FOLD_MAX_ELEMENTS = 1 << 26
 
 # Constants up to this many elements are compared by value in CSE; larger ones
-# only by identity (hashing weights costs more than it saves).
-CSE_CONST_ELEMENTS = 1024
+# (weights) are not: hashing megabytes of weights costs more than the rare
+# duplicate saves.
+CSE_CONST_ELEMENTS = 1 << 12
 
 
-def const_value(v: Value) -> np.ndarray | None:
-    """The array of a value produced by a `const` node, else None."""
-    p = v.producer
-    return p.attrs["value"] if p is not None and p.op == "const" else None
+# -- constant folding ----------------------------------------------------------
+
+def fold_refusal(node: Node) -> str | None:
+    """None if `node` may be folded into a constant; else the reason it is not."""
+    if node.op in ("const", "host"):
+        return f"{node.op} nodes are not folded"
+    if any(const_value(v) is None for v in node.inputs):
+        return "not every input is a constant"
+    out_size = sum(o.type.size for o in node.outputs)
+    in_size = sum(v.type.size for v in node.inputs)
+    if out_size > FOLD_MAX_ELEMENTS:
+        return f"its result has {out_size} elements (> FOLD_MAX_ELEMENTS)"
+    if out_size > max(FOLD_ALWAYS_ELEMENTS, in_size):
+        return f"its result ({out_size} elements) would outgrow its constant inputs"
+    return None
 
 
-def _replace_with_consts(graph: Graph, node: Node, arrays: list) -> None:
-    index = graph.nodes.index(node)
-    for out, arr in zip(node.outputs, arrays):
-        arr = np.ascontiguousarray(arr)
-        arr.setflags(write=False)
-        c = graph.add_node("const", [], {"value": arr}, out_names=[out.name + ".folded"],
-                           index=index)
-        graph.replace_all_uses(out, c.output)
-        index += 1
-    graph.nodes.remove(node)
+def _folded(node: Node) -> list[np.ndarray] | str:
+    """The node's results as arrays of exactly its output types, or why not."""
+    try:
+        arrays = node.opdef.evaluate(node, [const_value(v) for v in node.inputs])
+    except BrazeError as e:  # e.g. a constant gather index out of range: fail at run time
+        return f"evaluating it failed ({e})"
+    out = []
+    for v, a in zip(node.outputs, arrays):
+        a = np.asarray(a)
+        if a.shape != v.shape:
+            return f"evaluation gave shape {a.shape}, not {v.shape}"
+        out.append(a.astype(dtypes.to_numpy(v.dtype), copy=False))
+    return out
+
+
+def _become_const(node: Node, value: Value, array: np.ndarray) -> Node:
+    """A const node producing `value` (same Value object, so the same name) from `array`."""
+    arr = np.array(array, order="C")  # a copy; keeps 0-d arrays 0-d (ascontiguousarray does not)
+    arr.setflags(write=False)
+    const = Node("const", [], get_op("const").normalize_attrs({"value": arr}), node.name)
+    const.outputs = [value]
+    value.producer = const
+    return const
 
 
 def fold_constants(graph: Graph) -> bool:
-    """Evaluate nodes whose inputs are all constants (bounded by FOLD_ELEMENTS)."""
-    changed = False
-    for node in list(graph.nodes):
-        if node.op in ("const", "host") or not node.inputs:
+    """Evaluate nodes whose inputs are all constants (bounded: see FOLD_* constants)."""
+    nodes, changed = [], False
+    for node in graph.nodes:
+        why = fold_refusal(node)
+        arrays = _folded(node) if why is None else why
+        if isinstance(arrays, str):
+            if node.op not in ("const", "host") and why != "not every input is a constant":
+                log.debug("fold_constants: %s not folded: %s", node, arrays)
+            nodes.append(node)
             continue
-        arrays = [const_value(v) for v in node.inputs]
-        if any(a is None for a in arrays):
-            continue
-        if sum(o.type.size for o in node.outputs) > FOLD_ELEMENTS:
-            continue
-        _replace_with_consts(graph, node, node.opdef.evaluate(node, arrays))
+        nodes.extend(_become_const(node, v, a) for v, a in zip(node.outputs, arrays))
         changed = True
+    graph.nodes = nodes
     return changed
 
 
+# -- dead code -----------------------------------------------------------------
+
 def remove_dead(graph: Graph) -> bool:
-    """Drop nodes whose results nobody reads."""
+    """Drop nodes whose results nobody reads (graph outputs are read)."""
     return graph.remove_dead() > 0
 
 
-def _key(node: Node, ids: dict) -> tuple | None:
+# -- common subexpressions -----------------------------------------------------
+
+def _freeze(x):
+    """An attribute value as a hashable key that tells -0.0 from 0.0 and matches NaN."""
+    if isinstance(x, float):
+        return ("f", repr(x))
+    if isinstance(x, tuple):
+        return tuple(_freeze(e) for e in x)
+    return x
+
+
+def cse_key(node: Node, ids: dict[Value, int]) -> tuple | str:
+    """What makes `node` equal to another, or the reason it is never merged."""
     if node.op == "host":
-        return None  # opaque: may be random (RandomNormal) or stateful
+        return "host nodes are opaque (some are random or stateful)"
     if node.op == "const":
         arr = node.attrs["value"]
-        if arr.size > CSE_CONST_ELEMENTS or arr.dtype == object:
-            return None
+        if arr.dtype == object:
+            return "string constants are not compared"
+        if arr.size > CSE_CONST_ELEMENTS:
+            return f"constants over {CSE_CONST_ELEMENTS} elements are not compared by value"
         return ("const", arr.dtype.str, arr.shape, arr.tobytes())
-    attrs = tuple(sorted(node.attrs.items()))
+    attrs = tuple((k, _freeze(v)) for k, v in sorted(node.attrs.items()))
     return (node.op, attrs, tuple(ids[v] for v in node.inputs))
 
 
 def eliminate_common_subexpressions(graph: Graph) -> bool:
     """Merge nodes with the same op, attributes and inputs (small constants by value)."""
     seen: dict[tuple, Node] = {}
-    ids: dict[Value, int] = {}
-    changed = False
-    for v in graph.inputs:
-        ids[v] = len(ids)
-    for node in list(graph.nodes):
-        key = _key(node, ids)
-        twin = seen.get(key) if key is not None else None
-        if twin is not None and len(twin.outputs) == len(node.outputs):
-            for a, b in zip(node.outputs, twin.outputs):
-                graph.replace_all_uses(a, b)
-                ids[a] = ids[b]
-            graph.nodes.remove(node)
-            changed = True
-            continue
-        if key is not None:
-            seen[key] = node
-        for o in node.outputs:
-            ids[o] = len(ids)
-    return changed
-
-
-# -- identity rules ------------------------------------------------------------
-
-def _all_equal(arr: np.ndarray | None, value) -> bool:
-    return arr is not None and arr.dtype != object and arr.size > 0 and bool(np.all(arr == value))
-
-
-def _passthrough(node: Node) -> Value | None:
-    """The input this node returns unchanged, or None (see the module docstring)."""
-    a = node.attrs
-    x = node.inputs[0] if node.inputs else None
-    out = node.outputs[0] if node.outputs else None
-    if x is None or out is None or out.type != x.type:
-        return None
-    if node.op in ("reshape", "broadcast", "cast") or (node.op == "concat" and
-                                                        len(node.inputs) == 1):
-        return x
-    if node.op == "transpose" and list(a["perm"]) == list(range(len(a["perm"]))):
-        return x
-    if node.op == "slice" and all(s == 0 for s in a["starts"]) and all(
-            st == 1 for st in a["steps"]):
-        return x
-    if node.op == "pad" and not any(a["pads"]):
-        return x
-    if node.op.startswith("reduce_") and not a["axes"]:
-        return x
-    return _arith_identity(node)
-
-
-_NEUTRAL = {"add": 0, "sub": 0, "mul": 1, "div": 1}
-
-
-def _arith_identity(node: Node) -> Value | None:
-    if node.op not in _NEUTRAL:
-        return None
-    a, b = node.inputs
-    out, neutral = node.outputs[0], _NEUTRAL[node.op]
-    if out.type == a.type and _all_equal(const_value(b), neutral):
-        return a
-    if node.op in ("add", "mul") and out.type == b.type and _all_equal(const_value(a), neutral):
-        return b
-    return None
-
-
-def _compose(node: Node) -> bool:
-    """reshape(reshape(x)) and transpose(transpose(x)): read x directly."""
-    src = node.inputs[0].producer if node.inputs else None
-    if src is None or src.op != node.op or node.op not in ("reshape", "transpose"):
-        return False
-    if node.op == "transpose":
-        inner, outer = src.attrs["perm"], node.attrs["perm"]
-        node.attrs["perm"] = tuple(inner[p] for p in outer)
-    node.inputs[0] = src.inputs[0]
-    return True
-
-
-def simplify_identities(graph: Graph) -> bool:
-    """Apply the identity rules of the module docstring."""
-    changed = False
+    ids: dict[Value, int] = {v: i for i, v in enumerate(graph.inputs)}
     outputs = set(graph.outputs)
-    for node in list(graph.nodes):
-        if node.op in ("const", "host"):
+    kept, changed = [], False
+    for node in graph.nodes:
+        key = cse_key(node, ids)
+        twin = seen.get(key) if isinstance(key, tuple) else None
+        if twin is not None and any(o in outputs for o in node.outputs) and any(
+                o in outputs for o in twin.outputs):
+            log.debug("cse: %s kept apart from %s: both are graph outputs", node, twin)
+            twin = None
+        if twin is None:
+            if isinstance(key, tuple):
+                seen.setdefault(key, node)
+            ids.update((o, len(ids)) for o in node.outputs)
+            kept.append(node)
             continue
-        if _compose(node):
-            changed = True
-        x = _passthrough(node)
-        if x is None:
-            continue
-        out = node.outputs[0]
-        if out in outputs and (x in outputs or x.producer is None):
-            continue  # keep a distinct value for the graph output
-        graph.replace_all_uses(out, x)
+        for a, b in zip(node.outputs, twin.outputs):
+            graph.replace_all_uses(a, b)
+            ids[a] = ids[b]
         changed = True
+    graph.nodes = kept
     return changed

@@ -1,0 +1,239 @@
+"""Algebraic identities: rules that remove work without changing any result.
+
+x is the variable operand, c a constant, T a dtype. A rule that returns x
+applies only when the result has x's exact type (so no broadcast or cast is
+lost) and never re-points a graph output at a graph input.
+
+Neutral operands (every element of c equal to the neutral value):
+  x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1, x ** 1          -> x
+  x | 0, x ^ 0 (bit ops), x << 0, x >> 0, x and true, x or false -> x
+  max(x, lowest(T)), min(x, highest(T))   (-inf / +inf for floats) -> x
+  x + 0 turns -0.0 into +0.0 in IEEE arithmetic; the two compare equal and
+  every framework's simplifier (XLA's included) makes this trade.
+  NaN stays NaN: NaN*1, NaN+0 and max(NaN, -inf) are NaN, as x is.
+Involutions: neg(neg(x)) -> x, not(not(x)) -> x.
+select(c, a, b) with c all true -> a, all false -> b; select(p, a, a) -> a.
+Casts:
+  cast(x, T) with T = dtype(x)                           -> x
+  cast(cast(x, U), T) with dtype(x) -> U lossless         -> cast(x, T)
+    (U holds every value of dtype(x) exactly, so the outer cast sees the same
+    number and rounds or truncates it once, as cast(x, T) does)
+Movement:
+  reshape/broadcast to x's own shape, identity transpose, whole slice,
+  zero padding, single-input concat, reduction over no axes -> x
+  reshape(reshape(x, s1), s2)                            -> reshape(x, s2)
+  transpose(transpose(x, p), q)                          -> transpose(x, r), r[i] = p[q[i]]
+    (out[..i..] = mid[..q[i]..] and mid[..j..] = x[..p[j]..])
+  transpose that keeps every non-1 dimension in order    -> reshape (no data moves)
+  broadcast(broadcast(x, s1), s2)                        -> broadcast(x, s2)
+  slice(slice(x, a, s, n), b, t, m)                      -> slice(x, a + b*s, s*t, m)
+    (element i reads mid[b + i*t] = x[a + (b + i*t)*s])
+  reduce over axes that all have size 1                   -> reshape (or x with keepdims)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler import dtypes
+from compiler.ir import Graph, Node, Value
+from compiler.ops.elementwise import BINARY
+from compiler.ops.reduction import REDUCE
+from compiler.passes.rules import Context, Rule, apply_rules, const_value, forwardable
+
+
+def _all(arr: np.ndarray | None, value) -> bool:
+    return arr is not None and arr.dtype != object and arr.size > 0 and bool(np.all(arr == value))
+
+
+def _lowest(dtype: str):
+    return -np.inf if dtype in dtypes.FLOATS else np.iinfo(dtypes.to_numpy(dtype)).min
+
+
+def _highest(dtype: str):
+    return np.inf if dtype in dtypes.FLOATS else np.iinfo(dtypes.to_numpy(dtype)).max
+
+
+# op -> (neutral value for a dtype, may the constant come first?)
+_NEUTRAL = {
+    "add": (lambda t: 0, True), "sub": (lambda t: 0, False), "mul": (lambda t: 1, True),
+    "div": (lambda t: 1, False), "pow": (lambda t: 1, False),
+    "bitor": (lambda t: 0, True), "bitxor": (lambda t: 0, True),
+    "shl": (lambda t: 0, False), "shr": (lambda t: 0, False),
+    "and": (lambda t: True, True), "or": (lambda t: False, True),
+    "max": (_lowest, True), "min": (_highest, True),
+}
+
+
+# -- neutral operands -----------------------------------------------------------
+
+def check_neutral(node: Node, ctx: Context):
+    neutral, commutes = _NEUTRAL[node.op]
+    a, b = node.inputs
+    value = neutral(a.dtype)
+    if _all(const_value(b), value):
+        return forwardable(ctx, node, a) or a
+    if commutes and _all(const_value(a), value):
+        return forwardable(ctx, node, b) or b
+    return f"no operand is a constant {value}"
+
+
+def _forward(graph: Graph, node: Node, x: Value) -> Value:
+    return x
+
+
+# -- involutions and select -------------------------------------------------------
+
+def check_involution(node: Node, ctx: Context):
+    p = node.inputs[0].producer
+    if p is None or p.op != node.op:
+        return f"the operand is not itself a {node.op}"
+    return forwardable(ctx, node, p.inputs[0]) or p.inputs[0]
+
+
+def check_select(node: Node, ctx: Context):
+    cond, a, b = node.inputs
+    c = const_value(cond)
+    if a is b:
+        pick = a
+    elif _all(c, True):
+        pick = a
+    elif _all(c, False):
+        pick = b
+    else:
+        return "the condition is not a uniform constant and the branches differ"
+    return forwardable(ctx, node, pick) or pick
+
+
+# -- casts --------------------------------------------------------------------------
+
+# significand bits of each float type: integers below 2**bits convert exactly
+_MANTISSA = {"f16": 11, "bf16": 8, "f32": 24, "f64": 53}
+# float widenings that keep every value (range and precision both grow)
+_FLOAT_WIDENINGS = {("f16", "f32"), ("f16", "f64"), ("bf16", "f32"), ("bf16", "f64"),
+                    ("f32", "f64")}
+
+
+def _value_bits(dtype: str) -> int:
+    bits = 8 * dtypes.itemsize(dtype)
+    return bits - 1 if dtype in dtypes.SIGNED else bits
+
+
+def lossless(src: str, dst: str) -> bool:
+    """Does every value of dtype `src` convert to `dst` exactly? (bool -> anything does)"""
+    if src == dst or src == "bool":
+        return dst in dtypes.SCALARS
+    if src in dtypes.FLOATS:
+        return (src, dst) in _FLOAT_WIDENINGS
+    if src not in dtypes.INTEGERS:
+        return False
+    if dst in dtypes.FLOATS:
+        return _value_bits(src) <= _MANTISSA[dst]
+    if dst not in dtypes.INTEGERS or (src in dtypes.SIGNED and dst in dtypes.UNSIGNED):
+        return False
+    return _value_bits(src) <= _value_bits(dst)
+
+
+def check_cast_noop(node: Node, ctx: Context):
+    x = node.inputs[0]
+    if x.dtype != node.attrs["to"]:
+        return f"cast from {x.dtype} to {node.attrs['to']} changes values"
+    return forwardable(ctx, node, x) or x
+
+
+def check_cast_chain(node: Node, ctx: Context):
+    p = node.inputs[0].producer
+    if p is None or p.op != "cast":
+        return "the operand is not itself a cast"
+    if not lossless(p.inputs[0].dtype, p.outputs[0].dtype):
+        return f"the inner cast {p.inputs[0].dtype} -> {p.outputs[0].dtype} may lose information"
+    return p.inputs[0]
+
+
+def _rebase(graph: Graph, node: Node, x: Value) -> None:
+    node.inputs[0] = x
+
+
+# -- movement -------------------------------------------------------------------------
+
+def _noop_movement(node: Node) -> bool:
+    a = node.attrs
+    if node.op in ("reshape", "broadcast"):
+        return True  # with equal types, the shape is x's own
+    if node.op == "transpose":
+        return list(a["perm"]) == list(range(len(a["perm"])))
+    if node.op == "slice":
+        return all(s == 0 for s in a["starts"]) and all(st == 1 for st in a["steps"])
+    if node.op == "pad":
+        return not any(a["pads"])
+    if node.op == "concat":
+        return len(node.inputs) == 1
+    return not a["axes"]  # reductions
+
+
+def check_noop(node: Node, ctx: Context):
+    x = node.inputs[0]
+    if node.outputs[0].type != x.type or not _noop_movement(node):
+        return f"this {node.op} moves or changes data"
+    return forwardable(ctx, node, x) or x
+
+
+def check_compose(node: Node, ctx: Context):
+    p = node.inputs[0].producer
+    if p is None or p.op != node.op:
+        return f"the operand is not itself a {node.op}"
+    return p
+
+
+def rewrite_compose(graph: Graph, node: Node, inner: Node) -> None:
+    a, b = inner.attrs, node.attrs
+    if node.op == "transpose":
+        node.attrs = {"perm": tuple(a["perm"][q] for q in b["perm"])}
+    elif node.op == "slice":
+        node.attrs = {"starts": tuple(s + o * st for s, o, st in
+                                      zip(a["starts"], b["starts"], a["steps"])),
+                      "steps": tuple(s * t for s, t in zip(a["steps"], b["steps"])),
+                      "sizes": b["sizes"]}
+    node.inputs[0] = inner.inputs[0]  # reshape and broadcast keep their outer shape
+
+
+def check_transpose_as_reshape(node: Node, ctx: Context):
+    shape, perm = node.inputs[0].shape, node.attrs["perm"]
+    moved = [p for p in perm if shape[p] != 1]
+    if moved != sorted(moved):
+        return "the transpose reorders dimensions larger than 1"
+    return node.outputs[0].shape
+
+
+def check_unit_reduce(node: Node, ctx: Context):
+    x = node.inputs[0]
+    if not node.attrs["axes"] or any(x.shape[a] != 1 for a in node.attrs["axes"]):
+        return "it reduces over a dimension larger than 1 (or over none)"
+    return node.outputs[0].shape
+
+
+def _as_reshape(graph: Graph, node: Node, shape: tuple) -> None:
+    node.op = "reshape"
+    node.attrs = {"shape": tuple(shape)}
+
+
+RULES = [
+    Rule("neutral_operand", frozenset(_NEUTRAL), check_neutral, _forward),
+    Rule("involution", frozenset({"neg", "not"}), check_involution, _forward),
+    Rule("select_constant", frozenset({"select"}), check_select, _forward),
+    Rule("cast_noop", frozenset({"cast"}), check_cast_noop, _forward),
+    Rule("cast_chain", frozenset({"cast"}), check_cast_chain, _rebase),
+    Rule("noop_movement", frozenset({"reshape", "broadcast", "transpose", "slice", "pad",
+                                     "concat", *REDUCE}), check_noop, _forward),
+    Rule("compose_movement", frozenset({"reshape", "transpose", "broadcast", "slice"}),
+         check_compose, rewrite_compose),
+    Rule("transpose_as_reshape", frozenset({"transpose"}), check_transpose_as_reshape,
+         _as_reshape),
+    Rule("unit_reduce_as_reshape", frozenset(REDUCE), check_unit_reduce, _as_reshape),
+]
+assert set(_NEUTRAL) <= set(BINARY)
+
+
+def simplify_identities(graph: Graph) -> bool:
+    """Apply the identity rules of the module docstring (one sweep)."""
+    return apply_rules(graph, RULES)

@@ -1,0 +1,272 @@
+"""Algebraic identity rules: a golden test per rule, refusals, and hypothesis properties."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compiler import dtypes
+from compiler.interp import evaluate
+from compiler.ir import Graph, TensorType, verify
+from compiler.passes.identities import lossless, simplify_identities
+from compiler.passes.simplify import remove_dead
+from compiler.text import parse_graph, print_graph
+
+
+def random_inputs(g: Graph, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    out = []
+    for v in g.inputs:
+        if v.dtype in dtypes.FLOATS:
+            out.append(rng.uniform(-2, 2, v.shape).astype(dtypes.to_numpy(v.dtype)))
+        elif v.dtype == "bool":
+            out.append(rng.random(v.shape) < 0.5)
+        else:
+            out.append(rng.integers(-5, 6, v.shape).astype(dtypes.to_numpy(v.dtype)))
+    return out
+
+
+def simplified(text: str) -> tuple[str, Graph]:
+    """The graph after one sweep of identities and DCE (verified); results unchanged."""
+    g = parse_graph(text)
+    verify(g)
+    xs = random_inputs(g)
+    want = evaluate(g, xs)
+    simplify_identities(g)
+    verify(g, after="simplify_identities")
+    remove_dead(g)
+    for got, ref in zip(evaluate(g, xs), want):
+        np.testing.assert_array_equal(got, ref)
+    return print_graph(g), g
+
+
+def assert_golden(before: str, after: str) -> None:
+    assert simplified(before)[0] == print_graph(parse_graph(after))
+
+
+ONLY_X = "graph main(%x: {t}) -> (%y) {{\n  %y = exp(%x) : {t}\n}}"
+
+
+@pytest.mark.parametrize("op,const,first", [
+    ("add", "0.0", False), ("add", "0.0", True), ("sub", "0.0", False),
+    ("mul", "1.0", False), ("mul", "1.0", True), ("div", "1.0", False),
+    ("pow", "1.0", False), ("max", "-inf", False), ("min", "inf", True),
+])
+def test_neutral_operand(op, const, first):
+    args = "%c, %x" if first else "%x, %c"
+    assert_golden(f"""
+graph main(%x: f32[2,3]) -> (%y) {{
+  %c = const() {{value=dense<f32[3]: [{const}, {const}, {const}]>}} : f32[3]
+  %n = {op}({args}) : f32[2,3]
+  %y = exp(%n) : f32[2,3]
+}}""", ONLY_X.format(t="f32[2,3]"))
+
+
+@pytest.mark.parametrize("op,const", [("bitor", "0"), ("bitxor", "0"), ("max", "-128"),
+                                      ("min", "127")])
+def test_neutral_operand_integers(op, const):
+    assert_golden(f"""
+graph main(%x: i8[4]) -> (%y) {{
+  %c = const() {{value=dense<i8[]: [{const}]>}} : i8[]
+  %n = {op}(%x, %c) : i8[4]
+  %y = neg(%n) : i8[4]
+}}""", "graph main(%x: i8[4]) -> (%y) {\n  %y = neg(%x) : i8[4]\n}")
+
+
+@pytest.mark.parametrize("text,reason_op", [
+    # the constant broadcasts x to a larger shape: the add must stay
+    ("""graph main(%x: f32[3]) -> (%y) {
+  %zero = const() {value=dense<f32[2,3]: [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]>} : f32[2,3]
+  %y = add(%x, %zero) : f32[2,3]
+}""", "add"),
+    # 0 - x is not x
+    ("""graph main(%x: f32[3]) -> (%y) {
+  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
+  %y = sub(%zero, %x) : f32[3]
+}""", "sub"),
+    # the result is a graph output and x a graph input: each output keeps its own value
+    ("""graph main(%x: f32[3]) -> (%y) {
+  %one = const() {value=dense<f32[]: [1.0]>} : f32[]
+  %y = mul(%x, %one) : f32[3]
+}""", "mul"),
+])
+def test_neutral_operand_refusals(text, reason_op):
+    out, _ = simplified(text)
+    assert f"= {reason_op}(" in out
+
+
+def test_involutions_and_select():
+    assert_golden("""
+graph main(%x: f32[4], %b: bool[4]) -> (%y, %z) {
+  %t = const() {value=dense<bool[]: [true]>} : bool[]
+  %n1 = neg(%x) : f32[4]
+  %n2 = neg(%n1) : f32[4]
+  %s = select(%t, %n2, %x) : f32[4]
+  %s2 = select(%b, %s, %s) : f32[4]
+  %y = exp(%s2) : f32[4]
+  %b1 = not(%b) : bool[4]
+  %b2 = not(%b1) : bool[4]
+  %z = not(%b2) : bool[4]
+}""", """
+graph main(%x: f32[4], %b: bool[4]) -> (%y, %z) {
+  %y = exp(%x) : f32[4]
+  %z = not(%b) : bool[4]
+}""")
+
+
+def test_cast_rules():
+    assert_golden("""
+graph main(%x: i16[4], %f: f32[4]) -> (%y, %z) {
+  %a = cast(%x) {to="i32"} : i32[4]
+  %b = cast(%a) {to="f32"} : f32[4]
+  %c = cast(%b) {to="f32"} : f32[4]
+  %y = exp(%c) : f32[4]
+  %g = cast(%f) {to="i32"} : i32[4]
+  %h = cast(%g) {to="f32"} : f32[4]
+  %z = exp(%h) : f32[4]
+}""", """
+graph main(%x: i16[4], %f: f32[4]) -> (%y, %z) {
+  %b = cast(%x) {to="f32"} : f32[4]
+  %y = exp(%b) : f32[4]
+  %g = cast(%f) {to="i32"} : i32[4]
+  %h = cast(%g) {to="f32"} : f32[4]
+  %z = exp(%h) : f32[4]
+}""")
+
+
+def test_lossless_table():
+    assert lossless("i16", "f32") and lossless("u8", "f16") and lossless("f16", "f64")
+    assert lossless("bool", "i8") and lossless("u32", "i64") and lossless("bf16", "f32")
+    assert not lossless("i64", "f64") and not lossless("i32", "f32")
+    assert not lossless("i8", "u64") and not lossless("f32", "i64")
+    assert not lossless("f16", "bf16") and not lossless("bf16", "f16")
+
+
+def test_movement_compositions():
+    assert_golden("""
+graph main(%x: f32[2,3]) -> (%y) {
+  %one = const() {value=dense<f32[]: [1.0]>} : f32[]
+  %zero = const() {value=dense<f32[3]: [0.0, 0.0, 0.0]>} : f32[3]
+  %m = mul(%x, %one) : f32[2,3]
+  %a = add(%m, %zero) : f32[2,3]
+  %t1 = transpose(%a) {perm=[1, 0]} : f32[3,2]
+  %t2 = transpose(%t1) {perm=[1, 0]} : f32[2,3]
+  %r1 = reshape(%t2) {shape=[6]} : f32[6]
+  %r2 = reshape(%r1) {shape=[3, 2]} : f32[3,2]
+  %y = exp(%r2) : f32[3,2]
+}""", """
+graph main(%x: f32[2,3]) -> (%y) {
+  %r2 = reshape(%x) {shape=[3, 2]} : f32[3,2]
+  %y = exp(%r2) : f32[3,2]
+}""")
+
+
+def test_transpose_composition_and_transpose_as_reshape():
+    assert_golden("""
+graph main(%x: f32[2,3,4], %u: f32[2,1,3]) -> (%y, %z) {
+  %t1 = transpose(%x) {perm=[1, 2, 0]} : f32[3,4,2]
+  %t2 = transpose(%t1) {perm=[0, 2, 1]} : f32[3,2,4]
+  %y = exp(%t2) : f32[3,2,4]
+  %t3 = transpose(%u) {perm=[1, 0, 2]} : f32[1,2,3]
+  %z = exp(%t3) : f32[1,2,3]
+}""", """
+graph main(%x: f32[2,3,4], %u: f32[2,1,3]) -> (%y, %z) {
+  %t2 = transpose(%x) {perm=[1, 0, 2]} : f32[3,2,4]
+  %y = exp(%t2) : f32[3,2,4]
+  %t3 = reshape(%u) {shape=[1, 2, 3]} : f32[1,2,3]
+  %z = exp(%t3) : f32[1,2,3]
+}""")
+
+
+def test_slice_broadcast_and_noop_movement():
+    assert_golden("""
+graph main(%x: f32[10], %v: f32[3]) -> (%y, %z) {
+  %s1 = slice(%x) {sizes=[4], starts=[1], steps=[2]} : f32[4]
+  %s2 = slice(%s1) {sizes=[2], starts=[1], steps=[2]} : f32[2]
+  %y = exp(%s2) : f32[2]
+  %b0 = broadcast(%v) {shape=[3]} : f32[3]
+  %b1 = broadcast(%b0) {shape=[2,3]} : f32[2,3]
+  %b2 = broadcast(%b1) {shape=[4,2,3]} : f32[4,2,3]
+  %p = pad(%b2) {pads=[0, 0, 0, 0, 0, 0]} : f32[4,2,3]
+  %c = concat(%p) {axis=0} : f32[4,2,3]
+  %r = reduce_sum(%c) {axes=[]} : f32[4,2,3]
+  %full = slice(%r) {sizes=[4, 2, 3], starts=[0, 0, 0], steps=[1, 1, 1]} : f32[4,2,3]
+  %z = exp(%full) : f32[4,2,3]
+}""", """
+graph main(%x: f32[10], %v: f32[3]) -> (%y, %z) {
+  %s2 = slice(%x) {sizes=[2], starts=[3], steps=[4]} : f32[2]
+  %y = exp(%s2) : f32[2]
+  %b2 = broadcast(%v) {shape=[4,2,3]} : f32[4,2,3]
+  %z = exp(%b2) : f32[4,2,3]
+}""")
+
+
+def test_reduce_over_unit_axes_is_a_reshape():
+    assert_golden("""
+graph main(%x: f32[3,1,4]) -> (%y, %z) {
+  %r = reduce_max(%x) {axes=[1], keepdims=false} : f32[3,4]
+  %y = exp(%r) : f32[3,4]
+  %k = reduce_sum(%x) {axes=[1], keepdims=true} : f32[3,1,4]
+  %z = exp(%k) : f32[3,1,4]
+}""", """
+graph main(%x: f32[3,1,4]) -> (%y, %z) {
+  %r = reshape(%x) {shape=[3, 4]} : f32[3,4]
+  %y = exp(%r) : f32[3,4]
+  %z = exp(%x) : f32[3,1,4]
+}""")
+
+
+# -- properties: random chains of identity-shaped ops compute what they did -----
+
+# (op text template, neutral const): each wraps the current value %v{i}
+_WRAPPERS = [
+    ("add(%v, %c{k})", "0.0"), ("mul(%c{k}, %v)", "1.0"), ("sub(%v, %c{k})", "0.0"),
+    ("div(%v, %c{k})", "1.0"), ("max(%v, %c{k})", "-inf"), ("min(%v, %c{k})", "inf"),
+    ("neg(%v)", None), ("transpose(%v) {{perm=[1, 0]}}", None),
+    ("reshape(%v) {{shape=[{a}, {b}]}}", None), ("cast(%v) {{to=\"f64\"}}", None),
+    ("cast(%v) {{to=\"f32\"}}", None), ("exp(%v)", None),
+]
+
+
+@st.composite
+def identity_chain(draw):
+    a, b = draw(st.sampled_from([(2, 3), (1, 6), (3, 1), (4, 4)]))
+    lines, shape, dtype = [], (a, b), "f32"
+    for k in range(draw(st.integers(1, 10))):
+        text, neutral = draw(st.sampled_from(_WRAPPERS))
+        if "transpose" in text:
+            shape = shape[::-1]
+        if "reshape" in text:
+            shape = draw(st.sampled_from([shape, shape[::-1], (1, shape[0] * shape[1])]))
+        if "cast" in text:
+            dtype = "f64" if "f64" in text else "f32"
+        if neutral is not None:
+            lines.append(f"  %c{k} = const() {{value=dense<{dtype}[]: [{neutral}]>}} : {dtype}[]")
+        op = text.format(k=k, a=shape[0], b=shape[1]).replace("%v", f"%v{k}")
+        lines.append(f"  %v{k + 1} = {op} : {dtype}[{shape[0]},{shape[1]}]")
+    body = "\n".join(lines)
+    return (f"graph main(%v0: f32[{a},{b}]) -> (%out) {{\n{body}\n"
+            f"  %out = abs(%v{k + 1}) : {dtype}[{shape[0]},{shape[1]}]\n}}")
+
+
+@settings(max_examples=120, deadline=None)
+@given(identity_chain())
+def test_identity_rules_preserve_results(text):
+    _, g = simplified(text)  # asserts equal results and a valid graph
+    # every neutral operand, no-op and inverse pair is gone after one sweep
+    for n in g.nodes:
+        assert n.op not in ("add", "sub", "mul", "div", "max", "min"), text
+        if n.op == "transpose":
+            assert list(n.attrs["perm"]) != [0, 1]
+            assert n.inputs[0].producer is None or n.inputs[0].producer.op != "transpose"
+        if n.op in ("reshape", "cast"):
+            assert n.outputs[0].type != n.inputs[0].type
+        if n.op == "neg":
+            assert n.inputs[0].producer is None or n.inputs[0].producer.op != "neg"
+
+
+def test_rules_leave_a_graph_without_identities_alone():
+    g = Graph()
+    x = g.add_input("x", TensorType("f32", (2, 3)))
+    g.outputs = [g.op("exp", g.op("transpose", x, perm=(1, 0)))]
+    assert not simplify_identities(g)
