@@ -131,18 +131,23 @@ def host_step(sub: Graph, threads: int, opset: int):
 
 
 class _Specialization:
-    """One input-shape signature: its graph, clusters and executable."""
+    """One input signature (shapes, plus the values of inputs specialized on): its graph,
+    clusters and executable."""
 
-    def __init__(self, model, shapes: dict, target: str, opts: Options):
+    def __init__(self, model, shapes: dict, values: dict, target: str, opts: Options):
         from importers.onnx import import_onnx
         from runtime.executable import build_executable
 
-        imported = import_onnx(model, input_shapes=shapes)
+        imported = import_onnx(model, input_shapes=shapes, input_values=values)
         self.graph = imported.graph
+        self.input_names = imported.input_names  # the model inputs the executable takes
+        self.value_inputs = [n for n in imported.value_inputs if n not in values]
         self.clusters = plan(self.graph, target, opts.allow_fallback)
-        if not opts.allow_fallback and (why := first_refusal(self.clusters)):
-            raise CompileError(f"{why} (allow_fallback=False)")
-        self.executable = build_executable(
+        self.refusal = first_refusal(self.clusters) if not opts.allow_fallback else None
+        if self.refusal and not self.value_inputs:
+            raise CompileError(f"{self.refusal} (allow_fallback=False)")
+        # with value_inputs, the caller builds a value-specialized one: nothing to run here
+        self.executable = None if self.refusal or self.value_inputs else build_executable(
             self.graph, self.clusters,
             lambda c: make_step(c, self.graph, target, opts.threads, imported.opset))
 
@@ -172,7 +177,8 @@ class CompiledOnnxModel:
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
         arrays = self._bind(args, kwargs)
         spec = self._specialize(arrays)
-        return spec.executable.run(arrays)
+        by_name = dict(zip(self.input_names, arrays))
+        return spec.executable.run([by_name[n] for n in spec.input_names])
 
     def _bind(self, args, kwargs) -> list:
         if len(args) > len(self.input_names):
@@ -222,18 +228,37 @@ class CompiledOnnxModel:
         return value
 
     def _specialize(self, arrays: list) -> _Specialization:
-        key = tuple(tuple(a.shape) if isinstance(a, np.ndarray) else None for a in arrays)
+        """The specialization for these inputs' shapes; if converting needs the values of
+        small integer inputs (axes, pads, shapes given as inputs), for those values too."""
+        shapes = {n: tuple(a.shape) for n, a in zip(self.input_names, arrays)
+                  if isinstance(a, np.ndarray)}
+        key = tuple(sorted(shapes.items()))
         with self._lock:
-            spec = self._specs.get(key)
-            if spec is None:
-                shapes = {n: k for n, k in zip(self.input_names, key) if k is not None}
-                log.info("compiling %s for input shapes %s", self._model.graph.name, shapes)
-                spec = _Specialization(self._model, shapes, self.target, self.options)
-                self._specs[key] = spec
-                while len(self._specs) > MAX_SPECIALIZATIONS:
-                    self._specs.popitem(last=False)
-            self._specs.move_to_end(key)
+            spec = self._lookup(key) or self._build(key, shapes, {})
+            given = dict(zip(self.input_names, arrays))
+            values: dict = {}
+            while spec.value_inputs:  # each round specializes at least one more input
+                values.update({n: given[n] for n in spec.value_inputs})
+                vkey = key + tuple((n, v.dtype.str, v.tobytes()) for n, v in values.items())
+                spec = self._lookup(vkey) or self._build(vkey, shapes, dict(values))
+            if spec.refusal:
+                raise CompileError(f"{spec.refusal} (allow_fallback=False)")
             return spec
+
+    def _lookup(self, key):
+        spec = self._specs.get(key)
+        if spec is not None:
+            self._specs.move_to_end(key)
+        return spec
+
+    def _build(self, key, shapes: dict, values: dict) -> _Specialization:
+        log.info("compiling %s for input shapes %s%s", self._model.graph.name or "model", shapes,
+                 f" and values of {sorted(values)}" if values else "")
+        spec = _Specialization(self._model, shapes, values, self.target, self.options)
+        self._specs[key] = spec
+        while len(self._specs) > MAX_SPECIALIZATIONS:
+            self._specs.popitem(last=False)
+        return spec
 
     # -- introspection ------------------------------------------------------
 
@@ -243,9 +268,10 @@ class CompiledOnnxModel:
         return explain_onnx(self._model, shapes, self.target)
 
     def _declared_shapes(self) -> dict:
+        """The shapes of the latest call (explain() with no shapes given)."""
         if self._specs:
             key = next(reversed(self._specs))
-            return {n: k for n, k in zip(self.input_names, key) if k is not None}
+            return {e[0]: e[1] for e in key if len(e) == 2}
         return {}
 
 

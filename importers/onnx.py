@@ -13,15 +13,18 @@ import error, only an invalid model is (unknown op, cycle, dangling input).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnx.defs
 import onnx.inliner
 from onnx import NodeProto, TypeProto, helper
 
+from compiler import dtypes
 from compiler.errors import InputError, InvalidModelError
 from compiler.ir import Graph, IRError, TensorType, Value, verify
 from importers.onnx_host import HostTyper, captured_names, make_payload, onnx_schema
@@ -43,6 +46,11 @@ __all__ = ["OnnxImport", "import_onnx", "load_model"]
 # host nodes (shape-like inputs are tiny; converting big weights costs time).
 INFERENCE_CONST_LIMIT = 4096
 
+# A graph input that a converter needs as a constant (axes, pads, a shape) and that
+# has at most this many integer elements is reported in OnnxImport.value_inputs:
+# the caller may specialize on its value, as it does on shapes.
+VALUE_SPECIALIZE_ELEMENTS = 64
+
 # ops that pass any value through unchanged, so they convert even for opaque
 # or dynamically shaped inputs
 PASS_THROUGH = frozenset({"Identity"})
@@ -57,15 +65,22 @@ class OnnxImport:
     output_names: list[str]
     opset: int
     input_dtypes: list[str]
+    # inputs whose values would let more nodes convert (see VALUE_SPECIALIZE_ELEMENTS)
+    value_inputs: list[str] = dataclasses.field(default_factory=list)
 
 
-def import_onnx(model_or_path, input_shapes: dict | None = None) -> OnnxImport:
-    """Import an ONNX model (path, bytes or ModelProto) as a statically shaped IR graph."""
+def import_onnx(model_or_path, input_shapes: dict | None = None,
+                input_values: dict | None = None) -> OnnxImport:
+    """Import an ONNX model (path, bytes or ModelProto) as a statically shaped IR graph.
+
+    `input_values` maps input names to arrays the graph is specialized on: those
+    inputs become constants (and are not graph inputs).
+    """
     model = load_model(model_or_path)
     opsets = check_versions(model)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    return _Importer(model, opsets).run(dict(input_shapes or {}))
+    return _Importer(model, opsets, dict(input_values or {})).run(dict(input_shapes or {}))
 
 
 def describe(node: NodeProto, index: int) -> str:
@@ -87,8 +102,10 @@ def _ort_ops() -> frozenset:
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, opsets: dict[str, int]):
+    def __init__(self, model: onnx.ModelProto, opsets: dict[str, int], values: dict):
         self.model = model
+        self.values = values
+        self.value_inputs: list[str] = []
         self.opsets = opsets
         self.graph = Graph("main")
         self.env: dict[str, Value] = {}
@@ -113,7 +130,7 @@ class _Importer:
         self.graph.remove_dead()
         verify(self.graph)
         return OnnxImport(self.graph, [v.name for v in inputs], outputs, self.opsets.get("", 0),
-                          [v.dtype for v in inputs])
+                          [v.dtype for v in inputs], self.value_inputs)
 
     # -- inputs and initializers ------------------------------------------
 
@@ -134,12 +151,24 @@ class _Importer:
         values = []
         for vi in real:
             t = self._input_type(vi, input_shapes.get(vi.name))
+            if vi.name in self.values:
+                self.env[vi.name] = self._value_input(vi.name, t)
+                continue
             v = self.graph.add_input(vi.name, t)
             if t.dtype == "opaque":
                 self.onnx_types[v] = vi.type
             self.env[vi.name] = v
             values.append(v)
         return values
+
+    def _value_input(self, name: str, t: TensorType) -> Value:
+        """A specialized input: a constant holding the value the caller gave."""
+        arr = np.array(self.values[name])
+        if arr.shape != t.shape or dtypes.from_numpy(arr.dtype) != t.dtype:
+            raise InputError(f"input_values[{name!r}] is {arr.dtype}{list(arr.shape)}; "
+                             f"the input is {t}")
+        arr.setflags(write=False)
+        return self.graph.add_node("const", [], {"value": arr}, out_names=[name]).output
 
     def _bind_given(self, vi, given) -> None:
         given = tuple(int(d) for d in given)
@@ -279,6 +308,7 @@ class _Importer:
                 return
             except Fallback as f:
                 reason = f.reason
+                self._note_wanted(f.wants)
             except IRError as e:
                 reason, ir_failed = f"braze's IR rejects the conversion: {e}", True
         self._host(node, desc, reason, ir_failed)
@@ -303,6 +333,13 @@ class _Importer:
                 except IRError:
                     pass  # the name is taken (by a braze-made value): keep the fresh one
             self.env[name] = v
+
+    def _note_wanted(self, v: Value | None) -> None:
+        """Record a small integer graph input a converter wanted as a constant."""
+        if (v is not None and v.producer is None and v.name not in self.value_inputs
+                and v.dtype in ("i32", "i64") and v.type.static
+                and v.type.size <= VALUE_SPECIALIZE_ELEMENTS):
+            self.value_inputs.append(v.name)
 
     # -- host nodes ---------------------------------------------------------
 

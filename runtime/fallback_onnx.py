@@ -412,6 +412,9 @@ class OnnxHostStep:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3
+        # Host sessions alternate with braze's own (OpenMP) kernels on the same cores: an
+        # intra-op pool left spinning after its call would steal them from the next step.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(self.model.SerializeToString(), opts,
                                                 providers=["CPUExecutionProvider"])

@@ -27,9 +27,10 @@ _TABLE: dict[tuple[str, str], list[tuple[int, int, Converter]]] = {}
 class Fallback(Exception):
     """A converter cannot express this node in braze's IR; `reason` says why."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, wants=None):
         super().__init__(reason)
         self.reason = reason
+        self.wants = wants  # the Value whose constant value would have let it convert
 
 
 def converter(op_type: str, since: int, until: int = NEWEST_CHECKED, domain: str = ""):

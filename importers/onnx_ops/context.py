@@ -71,7 +71,7 @@ class NodeContext:
             return None
         arr = const_array(v)
         if arr is None:
-            raise Fallback(f"its {what} input is not a constant")
+            raise Fallback(f"its {what} input is not a constant", wants=v)
         return arr
 
     def ints_input(self, i: int, what: str) -> list[int] | None:

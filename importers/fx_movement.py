@@ -1,0 +1,226 @@
+"""aten view, shape and data-movement ops -> IR movement ops.
+
+Values in the IR are logical tensors (no strides), so views, `clone` and
+`contiguous` are reshapes or identities; the target shape is always the one the
+node's fake value states (that resolves -1 and SymInts for us). aten's slice
+clamps its bounds; IR `slice` is exact (start, step, size), so the clamping
+happens here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from importers.fx_context import Ctx, Fallback, converts, norm_dim
+
+aten = torch.ops.aten
+
+
+@converts(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+          aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+          aten.view_copy.default, aten.flatten.using_ints, aten.expand_copy.default)
+def _reshape(cx: Ctx, x, *rest):
+    out = cx.out()
+    if cx.target is aten.expand_copy.default:
+        return cx.op("broadcast", x, shape=out.shape)
+    return cx.reshape(x, out.shape)
+
+
+@converts(aten.permute.default, aten.permute_copy.default)
+def _permute(cx: Ctx, x, dims):
+    perm = tuple(norm_dim(d, x.type.rank) for d in dims)
+    if perm == tuple(range(x.type.rank)):
+        return x
+    return cx.op("transpose", x, perm=perm)
+
+
+@converts(aten.t.default)
+def _t(cx: Ctx, x):
+    return x if x.type.rank < 2 else cx.op("transpose", x, perm=(1, 0))
+
+
+@converts(aten.transpose.int)
+def _transpose(cx: Ctx, x, d0, d1):
+    perm = list(range(x.type.rank))
+    a, b = norm_dim(d0, x.type.rank), norm_dim(d1, x.type.rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(cx, x, perm)
+
+
+@converts(aten.expand.default)
+def _expand(cx: Ctx, x, sizes, implicit=False):
+    out = cx.out().shape
+    return x if x.shape == out else cx.op("broadcast", x, shape=out)
+
+
+def slice_bounds(size: int, start, end, step: int) -> tuple[int, int]:
+    """aten.slice's clamping: (start, length) of the selected range."""
+    start = 0 if start is None else start
+    end = size if end is None else end
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, -(-(end - start) // step)
+
+
+def slice_dim(cx: Ctx, x, dim: int, start: int, step: int, n: int):
+    """IR slice of n elements along `dim` from `start` by `step`."""
+    if n == x.shape[dim] and start == 0 and step == 1:
+        return x
+    starts = [0] * x.type.rank
+    steps = [1] * x.type.rank
+    sizes = list(x.shape)
+    starts[dim], steps[dim], sizes[dim] = (start if n else 0), step, n
+    return cx.op("slice", x, starts=starts, steps=steps, sizes=sizes)
+
+
+@converts(aten.slice.Tensor, aten.slice_copy.Tensor)
+def _slice(cx: Ctx, x, dim=0, start=None, end=None, step=1):
+    if step < 1:
+        raise Fallback(f"slice step {step}")
+    d = norm_dim(dim, x.type.rank)
+    s, n = slice_bounds(x.shape[d], start, end, step)
+    return slice_dim(cx, x, d, s, step, n)
+
+
+@converts(aten.narrow.default)
+def _narrow(cx: Ctx, x, dim, start, length):
+    d = norm_dim(dim, x.type.rank)
+    start = start + x.shape[d] if start < 0 else start
+    return slice_dim(cx, x, d, start, 1, length)
+
+
+@converts(aten.select.int, aten.select_copy.int)
+def _select(cx: Ctx, x, dim, index):
+    d = norm_dim(dim, x.type.rank)
+    i = index + x.shape[d] if index < 0 else index
+    if not 0 <= i < x.shape[d]:
+        raise Fallback(f"index {index} out of range for dim {dim} of size {x.shape[d]}")
+    return cx.reshape(slice_dim(cx, x, d, i, 1, 1), cx.out().shape)
+
+
+@converts(aten.unbind.int)
+def _unbind(cx: Ctx, x, dim=0):
+    return _split(cx, x, 1, dim)
+
+
+@converts(aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default)
+def _split(cx: Ctx, x, sizes, dim=0):
+    d = norm_dim(dim, x.type.rank)
+    if isinstance(sizes, int):
+        size = max(sizes, 1)
+        sizes = [min(size, x.shape[d] - s) for s in range(0, x.shape[d], size)] or [0]
+    parts, at = [], 0
+    for i, n in enumerate(sizes):
+        part = slice_dim(cx, x, d, at, 1, n)
+        parts.append(cx.reshape(part, cx.out(i).shape))
+        at += n
+    return tuple(parts)
+
+
+@converts(aten.cat.default)
+def _cat(cx: Ctx, tensors, dim=0):
+    out = cx.out()
+    # torch.cat skips 1-d empty tensors (legacy behaviour); so does the IR's concat here
+    parts = [cx.cast(t, out.dtype) for t in tensors if not (t.shape == (0,) and out.rank != 1)]
+    if not parts:
+        return cx.const(torch.zeros(out.shape).numpy(), out.dtype)
+    return parts[0] if len(parts) == 1 else cx.op("concat", *parts,
+                                                   axis=norm_dim(dim, out.rank))
+
+
+@converts(aten.stack.default)
+def _stack(cx: Ctx, tensors, dim=0):
+    out = cx.out()
+    d = norm_dim(dim, out.rank)
+    parts = [cx.reshape(cx.cast(t, out.dtype), t.shape[:d] + (1,) + t.shape[d:])
+             for t in tensors]
+    return parts[0] if len(parts) == 1 else cx.op("concat", *parts, axis=d)
+
+
+@converts(aten.flip.default)
+def _flip(cx: Ctx, x, dims):
+    r = x.type.rank
+    flipped = {norm_dim(d, r) for d in dims}
+    if not flipped or any(x.shape[d] == 0 for d in flipped):
+        return x
+    starts = [x.shape[d] - 1 if d in flipped else 0 for d in range(r)]
+    steps = [-1 if d in flipped else 1 for d in range(r)]
+    return cx.op("slice", x, starts=starts, steps=steps, sizes=x.shape)
+
+
+@converts(aten.roll.default)
+def _roll(cx: Ctx, x, shifts, dims=()):
+    if not dims:
+        flat = cx.reshape(x, (x.type.size,))
+        return cx.reshape(_roll_dim(cx, flat, 0, shifts[0]), x.shape)
+    for s, d in zip(shifts, dims):
+        x = _roll_dim(cx, x, norm_dim(d, x.type.rank), s)
+    return x
+
+
+def _roll_dim(cx: Ctx, x, d: int, shift: int):
+    n = x.shape[d]
+    if n == 0 or shift % n == 0:
+        return x
+    k = shift % n
+    tail = slice_dim(cx, x, d, n - k, 1, k)
+    head = slice_dim(cx, x, d, 0, 1, n - k)
+    return cx.op("concat", tail, head, axis=d)
+
+
+@converts(aten.repeat.default)
+def _repeat(cx: Ctx, x, repeats):
+    out = cx.out().shape
+    lead = len(repeats) - x.type.rank
+    shape = (1,) * lead + x.shape
+    # interleave a size-1 axis before every dim, broadcast it to the repeat count
+    y = cx.reshape(x, tuple(d for s in shape for d in (1, s)))
+    y = cx.op("broadcast", y, shape=tuple(d for r, s in zip(repeats, shape) for d in (r, s)))
+    return cx.reshape(y, out)
+
+
+@converts(aten.constant_pad_nd.default)
+def _pad(cx: Ctx, x, pad, value=0):
+    r = x.type.rank
+    begins, ends = [0] * r, [0] * r
+    for i in range(len(pad) // 2):
+        begins[r - 1 - i], ends[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    # negative pads crop: a slice first, then the non-negative padding
+    if any(p < 0 for p in begins + ends):
+        for d in range(r):
+            lo, hi = max(-begins[d], 0), max(-ends[d], 0)
+            if lo or hi:
+                x = slice_dim(cx, x, d, lo, 1, max(x.shape[d] - lo - hi, 0))
+        begins, ends = [max(p, 0) for p in begins], [max(p, 0) for p in ends]
+    if not any(begins + ends):
+        return x
+    if isinstance(value, float) and not value.is_integer() and x.dtype not in ("f16", "f32",
+                                                                                "f64"):
+        raise Fallback(f"pad value {value} for dtype {x.dtype}")
+    return cx.op("pad", x, pads=begins + ends, mode="constant", value=float(value))
+
+
+@converts(aten.index_select.default)
+def _index_select(cx: Ctx, x, dim, index):
+    return cx.reshape(cx.op("gather", x, index, axis=norm_dim(dim, x.type.rank)),
+                      cx.out().shape)
+
+
+@converts(aten.embedding.default)
+def _embedding(cx: Ctx, weight, indices, padding_idx=-1, scale_grad=False, sparse=False):
+    return cx.op("gather", weight, indices, axis=0)
+
+
+@converts(aten.index.Tensor)
+def _index(cx: Ctx, x, indices):
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1:
+        raise Fallback(f"advanced indexing with {len(given)} index tensors")
+    d, idx = given[0]
+    if idx.dtype not in ("i32", "i64"):
+        raise Fallback(f"{idx.dtype} index (a mask gives a data-dependent shape)")
+    return cx.op("gather", x, idx, axis=d)

@@ -1,0 +1,301 @@
+"""aten reductions, contractions, pooling and normalization -> IR ops.
+
+Composite ops are written out from primitives so the fuser sees them, as XLA
+does with tf.nn.softmax:
+  softmax(x)      = exp(x - max(x)) / sum(exp(x - max(x)))
+  log_softmax(x)  = (x - max(x)) - log(sum(exp(x - max(x))))
+  layer_norm(x)   = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var + eps) (biased var)
+  batch_norm(x)   = the same per channel, from running (eval) or batch (train) statistics
+  mean(x)         = sum(x) / count;  var(x) = sum((x - mean)^2) / (count - correction)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compiler import dtypes
+from importers.fx_context import Ctx, Fallback, converts, norm_dim, norm_dims
+
+aten = torch.ops.aten
+
+
+def _count(x, axes) -> int:
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return n
+
+
+def reduce(cx: Ctx, op: str, x, axes, keepdim: bool):
+    return x if not axes else cx.op(op, x, axes=axes, keepdims=keepdim)
+
+
+def mean(cx: Ctx, x, axes, keepdim: bool = True):
+    total = reduce(cx, "reduce_sum", x, axes, keepdim)
+    return cx.op("div", total, cx.scalar(float(_count(x, axes)), x.dtype))
+
+
+@converts(aten.sum.dim_IntList, aten.sum.default, aten.prod.dim_int, aten.prod.default,
+          aten.amax.default, aten.amin.default)
+def _reduce(cx: Ctx, x, dims=None, keepdim=False, dtype=None):
+    op = {aten.sum: "reduce_sum", aten.prod: "reduce_prod", aten.amax: "reduce_max",
+          aten.amin: "reduce_min"}[cx.target.overloadpacket]
+    out = cx.out()
+    if cx.target is aten.prod.dim_int:
+        dims = [dims]
+    x = cx.cast(x, out.dtype)
+    if out.dtype == "bool":
+        raise Fallback("reduction of bool")
+    y = reduce(cx, op, x, norm_dims(dims, x.type.rank), keepdim)
+    return cx.reshape(y, out.shape)
+
+
+@converts(aten.mean.dim, aten.mean.default)
+def _mean(cx: Ctx, x, dims=None, keepdim=False, dtype=None):
+    out = cx.out()
+    x = cx.cast(x, out.dtype)
+    return cx.reshape(mean(cx, x, norm_dims(dims, x.type.rank), keepdim), out.shape)
+
+
+@converts(aten.var.correction)
+def _var(cx: Ctx, x, dims=None, correction=None, keepdim=False):
+    out = cx.out()
+    x = cx.cast(x, out.dtype)
+    axes = norm_dims(dims, x.type.rank)
+    d = cx.op("sub", x, mean(cx, x, axes))
+    ss = reduce(cx, "reduce_sum", cx.op("mul", d, d), axes, keepdim)
+    dof = _count(x, axes) - (1 if correction is None else correction)
+    return cx.reshape(cx.op("div", ss, cx.scalar(float(max(dof, 0)), x.dtype)), out.shape)
+
+
+@converts(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
+          aten.all.dims)
+def _any_all(cx: Ctx, x, dims=None, keepdim=False):
+    op = "reduce_max" if cx.target.overloadpacket is aten.any else "reduce_min"
+    truth = x if x.dtype == "bool" else cx.op("ne", x, cx.scalar(0, x.dtype))
+    y = reduce(cx, op, cx.cast(truth, "u8"), norm_dims(dims, x.type.rank), keepdim)
+    return cx.reshape(cx.cast(y, "bool"), cx.out().shape)
+
+
+@converts(aten.argmax.default, aten.argmin.default)
+def _arg(cx: Ctx, x, dim=None, keepdim=False):
+    op = "argmax" if cx.target is aten.argmax.default else "argmin"
+    if dim is None:
+        x, dim = cx.reshape(x, (x.type.size,)), 0
+    if x.type.rank == 0:
+        return cx.const(0, "i64")
+    y = cx.op(op, x, axis=norm_dim(dim, x.type.rank), keepdims=keepdim)
+    return cx.reshape(y, cx.out().shape)
+
+
+@converts(aten.max.dim, aten.min.dim)
+def _max_dim(cx: Ctx, x, dim, keepdim=False):
+    is_max = cx.target is aten.max.dim
+    if x.type.rank == 0:
+        return x, cx.const(0, "i64")
+    d = norm_dim(dim, x.type.rank)
+    values = cx.op("reduce_max" if is_max else "reduce_min", x, axes=(d,), keepdims=keepdim)
+    index = cx.op("argmax" if is_max else "argmin", x, axis=d, keepdims=keepdim)
+    return values, index
+
+
+@converts(aten.max.default, aten.min.default)
+def _max_all(cx: Ctx, x):
+    op = "reduce_max" if cx.target is aten.max.default else "reduce_min"
+    return cx.reshape(reduce(cx, op, x, tuple(range(x.type.rank)), False), ())
+
+
+# -- softmax ----------------------------------------------------------------
+
+def _shifted(cx: Ctx, x, dim):
+    d = norm_dim(dim, x.type.rank)
+    if x.type.rank == 0:
+        return cx.op("sub", x, x), ()
+    return cx.op("sub", x, cx.op("reduce_max", x, axes=(d,), keepdims=True)), (d,)
+
+
+@converts(aten._softmax.default)
+def _softmax(cx: Ctx, x, dim, half_to_float=False):
+    x = cx.cast(x, cx.out().dtype)
+    z, axes = _shifted(cx, x, dim)
+    e = cx.op("exp", z)
+    return cx.op("div", e, reduce(cx, "reduce_sum", e, axes, True))
+
+
+@converts(aten._log_softmax.default)
+def _log_softmax(cx: Ctx, x, dim, half_to_float=False):
+    x = cx.cast(x, cx.out().dtype)
+    z, axes = _shifted(cx, x, dim)
+    return cx.op("sub", z, cx.op("log", reduce(cx, "reduce_sum", cx.op("exp", z), axes, True)))
+
+
+# -- contractions -----------------------------------------------------------
+
+@converts(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(cx: Ctx, a, b):
+    if a.type.rank < 2 or b.type.rank < 2:
+        raise Fallback("matmul of a vector")
+    return cx.op("matmul", a, b)
+
+
+@converts(aten.addmm.default, aten.baddbmm.default)
+def _addmm(cx: Ctx, bias, a, b, beta=1, alpha=1):
+    dt = cx.out().dtype
+    prod = cx.op("matmul", a, b)
+    if alpha != 1:
+        prod = cx.op("mul", prod, cx.scalar(alpha, dt))
+    if beta == 0:
+        return prod
+    bias = cx.cast(bias, dt)
+    if beta != 1:
+        bias = cx.op("mul", bias, cx.scalar(beta, dt))
+    return cx.op("add", prod, bias)
+
+
+@converts(aten.convolution.default)
+def _convolution(cx: Ctx, x, w, bias, stride, padding, dilation, transposed, output_padding,
+                 groups):
+    if transposed:
+        raise Fallback("transposed convolution has no IR op yet")
+    n = x.type.rank - 2
+    expand = (lambda v: list(v) * n if len(v) == 1 else list(v))
+    pads = expand(padding) * 2
+    inputs = [x, w] + ([bias] if bias is not None else [])
+    return cx.op("conv", *inputs, strides=expand(stride), pads=pads, dilations=expand(dilation),
+                 group=groups)
+
+
+# -- pooling ----------------------------------------------------------------
+
+def _window(x, kernel, stride, padding, dilation, out_shape):
+    """Window attrs for an IR pool; extra end padding reproduces ceil_mode's last window."""
+    n = x.type.rank - 2
+    expand = (lambda v, dflt: [dflt] * n if not v else (list(v) * n if len(v) == 1 else list(v)))
+    kernel = expand(kernel, 1)
+    stride = expand(stride, None) if stride else kernel
+    padding, dilation = expand(padding, 0), expand(dilation, 1)
+    ends = []
+    for i in range(n):
+        span = dilation[i] * (kernel[i] - 1) + 1
+        need = (out_shape[2 + i] - 1) * stride[i] + span - x.shape[2 + i] - padding[i]
+        ends.append(max(need, padding[i]))
+    return kernel, stride, padding + ends, dilation
+
+
+@converts(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
+          aten.max_pool2d.default, aten.max_pool1d.default)
+def _max_pool(cx: Ctx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    with_indices = cx.target in (aten.max_pool2d_with_indices.default,
+                                 aten.max_pool3d_with_indices.default)
+    if with_indices and 1 in cx.used:
+        raise Fallback("its indices output is used (the backward of max pooling)")
+    out = cx.out(0 if with_indices else None)
+    padding = [padding] if isinstance(padding, int) else padding
+    dilation = [dilation] if isinstance(dilation, int) else dilation
+    k, s, pads, dil = _window(x, kernel, stride, padding, dilation, out.shape)
+    y = cx.op("max_pool", x, kernel=k, strides=s, pads=pads, dilations=dil)
+    return (y, None) if with_indices else y
+
+
+@converts(aten.avg_pool2d.default, aten.avg_pool3d.default, aten.avg_pool1d.default)
+def _avg_pool(cx: Ctx, x, kernel, stride=(), padding=0, ceil_mode=False,
+              count_include_pad=True, divisor_override=None):
+    if divisor_override is not None:
+        raise Fallback("divisor_override")
+    padding = [padding] if isinstance(padding, int) else padding
+    n = x.type.rank - 2
+    k, s, pads, dil = _window(x, kernel, stride, padding, [1] * n, cx.out().shape)
+    declared = pads[:n]
+    if count_include_pad and any(declared):
+        # torch counts the declared padding but not ceil_mode's overhang: pad explicitly,
+        # then average over what lies inside the padded input
+        x = cx.op("pad", x, pads=[0, 0] + declared + [0, 0] + declared, mode="constant")
+        pads = [0] * n + [e - p for e, p in zip(pads[n:], declared)]
+        count_include_pad = False
+    return cx.op("avg_pool", x, kernel=k, strides=s, pads=pads, dilations=dil,
+                 count_include_pad=count_include_pad)
+
+
+@converts(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool1d.default,
+          aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool(cx: Ctx, x, output_size):
+    spatial = x.shape[2:]
+    out = cx.out().shape[2:]
+    if all(o == 1 for o in out):
+        return mean(cx, x, tuple(range(2, x.type.rank)))
+    if any(o == 0 or i % o for i, o in zip(spatial, out)):
+        raise Fallback(f"adaptive pooling {tuple(spatial)} -> {tuple(out)} has uneven windows")
+    k = [i // o for i, o in zip(spatial, out)]
+    return cx.op("avg_pool", x, kernel=k, strides=k, pads=[0] * 2 * len(k),
+                 dilations=[1] * len(k))
+
+
+# -- normalization ----------------------------------------------------------
+
+def _channel(cx: Ctx, v, rank: int):
+    """A per-channel vector reshaped to broadcast against N, C, spatial..."""
+    return cx.reshape(v, (1, v.shape[0]) + (1,) * (rank - 2))
+
+
+def _affine(cx: Ctx, y, w, b, shape_fn):
+    if w is not None:
+        y = cx.op("mul", y, shape_fn(cx.cast(w, y.dtype)))
+    if b is not None:
+        y = cx.op("add", y, shape_fn(cx.cast(b, y.dtype)))
+    return y
+
+
+@converts(aten.native_layer_norm.default)
+def _layer_norm(cx: Ctx, x, normalized_shape, w, b, eps):
+    if x.dtype not in dtypes.FLOATS:
+        raise Fallback(f"layer norm of {x.dtype}")
+    k = len(normalized_shape)
+    axes = tuple(range(x.type.rank - k, x.type.rank))
+    mu = mean(cx, x, axes)
+    d = cx.op("sub", x, mu)
+    var = mean(cx, cx.op("mul", d, d), axes)
+    rstd = cx.op("reciprocal", cx.op("sqrt", cx.op("add", var, cx.scalar(eps, x.dtype))))
+    y = _affine(cx, cx.op("mul", d, rstd), w, b, lambda v: v)
+    return y, cx.cast(mu, cx.out(1).dtype), cx.cast(rstd, cx.out(2).dtype)
+
+
+@converts(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_eval(cx: Ctx, x, w, b, running_mean, running_var, momentum, eps):
+    shape = (lambda v: _channel(cx, v, x.type.rank))
+    rm, rv = cx.cast(running_mean, x.dtype), cx.cast(running_var, x.dtype)
+    rstd = cx.op("reciprocal", cx.op("sqrt", cx.op("add", rv, cx.scalar(eps, x.dtype))))
+    y = cx.op("mul", cx.op("sub", x, shape(rm)), shape(rstd))
+    return _affine(cx, y, w, b, shape), _empty(cx, 1), _empty(cx, 2)
+
+
+def _empty(cx: Ctx, i: int):
+    t = cx.out(i)
+    if t.size:
+        raise Fallback(f"output {i} is not empty")
+    return cx.const(torch.zeros(t.shape).numpy(), t.dtype)
+
+
+@converts(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_train(cx: Ctx, x, w, b, running_mean, running_var, training, momentum, eps):
+    if not training:
+        raise Fallback("functional batch norm outside training")
+    rank = x.type.rank
+    axes = (0,) + tuple(range(2, rank))
+    mu = mean(cx, x, axes)
+    d = cx.op("sub", x, mu)
+    ss = reduce(cx, "reduce_sum", cx.op("mul", d, d), axes, True)
+    n = _count(x, axes)
+    var = cx.op("div", ss, cx.scalar(float(n), x.dtype))
+    rstd = cx.op("reciprocal", cx.op("sqrt", cx.op("add", var, cx.scalar(eps, x.dtype))))
+    y = _affine(cx, cx.op("mul", d, rstd), w, b, lambda v: _channel(cx, v, rank))
+    flat = (lambda v: cx.reshape(v, (x.shape[1],)))
+    unbiased = cx.op("div", ss, cx.scalar(float(max(n - 1, 1)), x.dtype))
+    new_rm = _momentum(cx, running_mean, flat(mu), momentum)
+    new_rv = _momentum(cx, running_var, flat(unbiased), momentum)
+    return y, flat(mu), flat(rstd), new_rm, new_rv
+
+
+def _momentum(cx: Ctx, running, batch, momentum: float):
+    dt = running.dtype
+    keep = cx.op("mul", running, cx.scalar(1.0 - momentum, dt))
+    return cx.op("add", keep, cx.op("mul", cx.cast(batch, dt), cx.scalar(momentum, dt)))
