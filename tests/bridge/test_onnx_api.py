@@ -156,3 +156,17 @@ def test_concurrent_calls_give_the_same_answers():
     assert not errors
     for got, ref in zip(results, refs):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_small_integer_inputs_used_as_axes_are_specialized_on():
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0, name="rs")], "rs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
+         helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m = bridge.compile_onnx(model, allow_fallback=False)
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    for axis in (0, 1, 0):
+        np.testing.assert_allclose(m(x, np.array([axis]))[0], x.sum(axis), rtol=1e-5)
+    assert "compiled by braze" in m.explain()
