@@ -168,6 +168,7 @@ class CompiledOnnxModel:
         inits = {t.name for t in self._model.graph.initializer}
         self._inputs = [vi for vi in self._model.graph.input if vi.name not in inits]
         self.input_names = [vi.name for vi in self._inputs]
+        self._input_specs = [_input_spec(vi) for vi in self._inputs]
         self.output_names = [o.name for o in self._model.graph.output]
         self._specs: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -196,7 +197,7 @@ class CompiledOnnxModel:
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}; "
                              f"expected {', '.join(self._describe(vi) for vi in self._inputs)}")
-        return [self._check(vi, given[vi.name]) for vi in self._inputs]
+        return [self._check(spec, given[spec[0].name]) for spec in self._input_specs]
 
     @staticmethod
     def _describe(vi) -> str:
@@ -207,24 +208,24 @@ class CompiledOnnxModel:
                 for d in tt.shape.dim]
         return f"{vi.name}: {_np_name(tt.elem_type)}[{','.join(dims)}]"
 
-    def _check(self, vi, value):
-        if vi.type.WhichOneof("value") != "tensor_type":
+    def _check(self, spec, value):
+        """The input as an array of the declared dtype and rank (InputError otherwise)."""
+        vi, want, dims = spec
+        if dims is None:
             return value  # sequences, optionals: onnxruntime checks them
-        tt = vi.type.tensor_type
-        want = _np_dtype(tt.elem_type)
         if not isinstance(value, np.ndarray):
             value = np.asarray(value, dtype=want)
         if want is not None and value.dtype != want:
             raise InputError(f"input {vi.name!r} must be {want}, got {value.dtype}")
-        if tt.HasField("shape"):
-            dims = tt.shape.dim
-            if len(dims) != value.ndim:
-                raise InputError(f"input {vi.name!r} must have rank {len(dims)} "
+        if dims is _ANY_RANK:
+            return value
+        if len(dims) != value.ndim:
+            raise InputError(f"input {vi.name!r} must have rank {len(dims)} "
+                             f"({self._describe(vi)}), got shape {value.shape}")
+        for i, (d, n) in enumerate(zip(dims, value.shape)):
+            if d is not None and d != n:
+                raise InputError(f"input {vi.name!r} dim {i} must be {d} "
                                  f"({self._describe(vi)}), got shape {value.shape}")
-            for i, (d, n) in enumerate(zip(dims, value.shape)):
-                if d.HasField("dim_value") and d.dim_value != n:
-                    raise InputError(f"input {vi.name!r} dim {i} must be {d.dim_value} "
-                                     f"({self._describe(vi)}), got shape {value.shape}")
         return value
 
     def _specialize(self, arrays: list) -> _Specialization:
@@ -281,6 +282,21 @@ def explain_onnx(model, shapes: dict, target: str = "cpu") -> str:
 
     imported = import_onnx(model, input_shapes=shapes)
     return describe_partition(plan(imported.graph, target))
+
+
+_ANY_RANK = "any rank"  # marker: the model declares no shape for this input
+
+
+def _input_spec(vi) -> tuple:
+    """(ValueInfo, numpy dtype, dims) for checking calls: dims None for non-tensors, a
+    tuple with None for symbolic dims, _ANY_RANK when no shape is declared."""
+    if vi.type.WhichOneof("value") != "tensor_type":
+        return vi, None, None
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return vi, _np_dtype(tt.elem_type), _ANY_RANK
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    return vi, _np_dtype(tt.elem_type), dims
 
 
 def _np_dtype(elem_type: int):

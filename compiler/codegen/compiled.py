@@ -138,11 +138,11 @@ class CompiledGraph:
             if a.shape != v.shape:
                 raise InputError(f"input %{v.name} must have shape {v.shape}, got {a.shape}")
             keep.append(a)
-            t[i] = a.ctypes.data
+            t[i] = _address(a)
         outs = [np.empty(shape, dt) for shape, dt in self._out_specs]
         base = len(self._inputs)
         for i, o in enumerate(outs):
-            t[base + i] = o.ctypes.data
+            t[base + i] = _address(o)
         self._fn(self._local.address, self.threads)
         if len(outs) == len(self.graph.outputs):
             return outs  # the common case: every output computed, each once
@@ -162,6 +162,11 @@ class CompiledGraph:
             else:  # a constant output
                 results.append(np.array(v.producer.attrs["value"], copy=True))
         return results
+
+
+def _address(a: np.ndarray) -> int:
+    """The data pointer (the array interface is several times cheaper than `.ctypes`)."""
+    return a.__array_interface__["data"][0]
 
 
 def _compile(llvm_ir: str, cache) -> bytes:
