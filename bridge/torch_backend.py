@@ -1,0 +1,364 @@
+"""`torch.compile(model, backend="braze")`: the PyTorch path, inference and training.
+
+Registered through the `torch_dynamo_backends` entry point, so no import of braze
+is needed. The backend is thin (STYLE.md 14): AOTAutograd turns dynamo's graph
+into functional aten graphs decomposed to the core aten op set (forward and
+backward for training, one inference graph under no_grad); each becomes a
+`GraphRunner` that specializes per concrete input signature at call time:
+importers.fx -> passes -> clustering with the target's codegen -> an
+Executable whose compiled clusters run braze kernels (numpy arrays) and whose
+host clusters run eager torch (runtime/fallback_torch.py), in one callable.
+
+Example inputs may be fake tensors and SymInts: only their metadata is read.
+
+Freezing (option freeze, default True): in inference graphs, the inputs that
+AOTAutograd reports as static (parameters and buffers) become IR constants at
+the first call, so constant folding, batch-norm folding and weight packing apply,
+as inductor's freezing does. Assumption: weights do not change after compile.
+Each call checks the frozen tensors' identity and version counter; a change
+(an optimizer step, load_state_dict in place) recompiles rather than run stale.
+
+Never breaks the user's program: an exception in braze's compile or run logs a
+WARNING on logger "braze" and runs that graph eagerly (option strict=True raises
+instead); nodes left to torch are logged at INFO with their op and reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import logging
+import os
+import threading
+from dataclasses import dataclass, fields
+
+import torch
+
+from bridge.onnx_api import codegen_supports, first_refusal, run_pipeline
+from compiler.errors import BrazeError, CompileError
+from compiler.passes.cluster import describe_partition, outline, partition
+
+log = logging.getLogger("braze")
+
+# Distinct input signatures kept compiled per graph (least recently used dropped
+# first): a graph called with ever-changing shapes recompiles, not grows unbounded.
+MAX_SPECIALIZATIONS = 8
+
+TARGETS = ("cpu",)
+# torch.compile's modes: accepted; braze's pipeline is the same for all of them.
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+_graph_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class TorchOptions:
+    """`options=` of torch.compile(backend="braze")."""
+
+    target: str = "cpu"
+    allow_fallback: bool = True
+    threads: int = 2
+    dump_dir: str | None = None
+    freeze: bool = True
+    strict: bool = False
+
+    @classmethod
+    def from_dict(cls, options: dict | None) -> "TorchOptions":
+        options = dict(options or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise BrazeError(f"unknown braze option(s) {', '.join(unknown)}; "
+                             f"known options: {', '.join(sorted(known))}")
+        opts = cls(**options)
+        if opts.target not in TARGETS:
+            raise BrazeError(f"unknown target {opts.target!r}; braze compiles for "
+                             f"{', '.join(TARGETS)}")
+        if not isinstance(opts.threads, int) or opts.threads < 1:
+            raise BrazeError(f"threads must be a positive integer, got {opts.threads!r}")
+        return opts
+
+
+def braze(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = None,
+          mode: str | None = None, **kwargs):
+    """The torch.compile backend: `(gm, example_inputs) -> callable`."""
+    if kwargs:
+        raise BrazeError(f"unknown argument(s) {', '.join(sorted(kwargs))} to the braze "
+                         "backend; pass braze's settings as options={...}")
+    if mode not in MODES:
+        raise BrazeError(f"unknown mode {mode!r}; torch.compile modes are "
+                         f"{', '.join(m for m in MODES if m)}")
+    opts = TorchOptions.from_dict(options)
+    if (why := check_for_skip(example_inputs, opts)) is not None:
+        log.info("braze: running graph eagerly: %s", why)
+        return gm.forward
+    try:
+        return _aot(opts)(gm, example_inputs)
+    except _DYNAMO_CONTROL_FLOW:
+        raise
+    except Exception as e:
+        if opts.strict:
+            raise
+        log.warning("braze: AOTAutograd could not trace the graph (%s: %s); running it "
+                    "eagerly", type(e).__name__, e)
+        return gm.forward
+
+
+def check_for_skip(example_inputs, opts: TorchOptions) -> str | None:
+    """Why braze will not compile this graph at all (None: it will try). Reads metadata."""
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return f"an input is on {x.device}, braze's target is {opts.target}"
+        if isinstance(x, torch.Tensor) and (x.is_sparse or x.is_quantized or x.is_nested):
+            return "an input is a sparse, quantized or nested tensor"
+    return None
+
+
+def _dynamo_control_flow() -> tuple:
+    from torch._dynamo import exc
+
+    return tuple(getattr(exc, n) for n in ("RestartAnalysis", "TensorifyScalarRestartAnalysis")
+                 if hasattr(exc, n))
+
+
+_DYNAMO_CONTROL_FLOW = _dynamo_control_flow()
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions() -> dict:
+    """The core aten op set (torch._decomp): what importers/fx.py converts."""
+    from torch._decomp import core_aten_decompositions
+
+    return dict(core_aten_decompositions())
+
+
+def _aot(opts: TorchOptions):
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=_compiler("forward", opts),
+                        bw_compiler=_compiler("backward", opts),
+                        inference_compiler=_compiler("inference", opts),
+                        decompositions=decompositions())
+
+
+def _compiler(kind: str, opts: TorchOptions):
+    """An AOTAutograd compiler: aten graph -> boxed callable (compiles at call time)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        static = static_inputs() if kind == "inference" and opts.freeze else ()
+        runner = GraphRunner(gm, f"g{next(_graph_ids)}_{kind}", static, opts)
+        return make_boxed_func(runner)
+
+    return compile_graph
+
+
+def static_inputs() -> tuple[int, ...]:
+    """Indices of the graph's parameter and buffer inputs, as AOTAutograd reports them."""
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return tuple(getattr(meta, "static_input_indices", None) or ())
+
+
+class GraphRunner:
+    """One aten graph: compiled per input signature at call time, eager on refusal."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, static: tuple, opts: TorchOptions):
+        self.gm = gm
+        self.name = name
+        self.static = frozenset(static)
+        self.opts = opts
+        self.dynamic = _is_dynamic(gm)
+        self._specs: collections.OrderedDict = collections.OrderedDict()
+        self._frozen_state: dict[int, tuple] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *args):
+        key, why = self._signature(args)
+        spec = None if why else self._specialization(key, args)
+        if spec is None:
+            return self.gm(*args)
+        try:
+            return spec.run(args)
+        except Exception as e:
+            if self.opts.strict:
+                raise
+            log.warning("braze: graph %s failed at run time (%s: %s); running it eagerly "
+                        "from now on", self.name, type(e).__name__, e)
+            with self._lock:
+                self._specs[key] = None
+            return self.gm(*args)
+
+    def _signature(self, args) -> tuple[tuple, str | None]:
+        key = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.device.type != "cpu":
+                    return (), f"input {i} is on {a.device}"
+                key.append(None if i in self.static else (tuple(a.shape), a.dtype))
+            else:
+                key.append(a)
+        return tuple(key), None
+
+    def _specialization(self, key: tuple, args):
+        with self._lock:
+            self._check_frozen(args)
+            if key in self._specs:
+                self._specs.move_to_end(key)
+                return self._specs[key]
+            spec = self._compile(args)
+            self._specs[key] = spec
+            while len(self._specs) > MAX_SPECIALIZATIONS:
+                self._specs.popitem(last=False)
+            return spec
+
+    def _check_frozen(self, args) -> None:
+        """Frozen weights changed since they were baked in: drop every specialization."""
+        if not self.static:
+            return
+        state = {i: (args[i].data_ptr(), args[i]._version) for i in self.static
+                 if isinstance(args[i], torch.Tensor)}
+        if self._frozen_state is not None and state != self._frozen_state:
+            log.info("braze: frozen weights of graph %s changed; compiling it again", self.name)
+            self._specs.clear()
+        self._frozen_state = state
+
+    def _compile(self, args):
+        try:
+            return _Specialization(self, args)
+        except Exception as e:
+            if self.opts.strict:
+                raise
+            log.warning("braze: could not compile graph %s (%s: %s); running it eagerly",
+                        self.name, type(e).__name__, e)
+            return None
+
+
+def _is_dynamic(gm: torch.fx.GraphModule) -> bool:
+    """Whether any placeholder has symbolic sizes (dynamic=True, or dynamo's automatic
+    dynamic shapes): such graphs get concrete fake values per call."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
+                not isinstance(d, int) for d in v.shape)):
+            return True
+    return False
+
+
+def concrete_vals(gm: torch.fx.GraphModule, args) -> dict:
+    """Fake values of every node for these concrete inputs (metadata only, no data)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fake = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a
+            for a in args]
+    vals: dict = {}
+
+    class _Prop(torch.fx.Interpreter):
+        def run_node(self, n):
+            vals[n] = out = super().run_node(n)
+            return out
+
+    with mode:
+        _Prop(gm).run(*fake)
+    return vals
+
+
+class _Specialization:
+    """One input signature of a graph: its IR, clusters and executable."""
+
+    def __init__(self, runner: GraphRunner, args):
+        from importers.fx import import_fx
+        from runtime.executable import build_executable
+
+        opts = runner.opts
+        frozen = _frozen_arrays(runner.static, args)
+        vals = concrete_vals(runner.gm, args) if runner.dynamic else None
+        self.imported = imported = import_fx(runner.gm, args, frozen, vals, runner.name)
+        self.input_indices = imported.input_indices
+        graph = imported.graph
+        dump(opts, runner.name, "import.ir", str(graph))
+        run_pipeline(graph)
+        self.clusters = partition(graph, codegen_supports(opts.target))
+        dump(opts, runner.name, "opt.ir", str(graph))
+        dump(opts, runner.name, "clusters.txt", describe_partition(self.clusters))
+        if not opts.allow_fallback and (why := first_refusal(self.clusters)):
+            raise CompileError(f"{why} (allow_fallback=False)")
+        _log_host_nodes(runner.name, self.clusters)
+        self.executable = build_executable(
+            graph, self.clusters, lambda c: _make_step(c, graph, imported.host_ops, runner))
+
+    def run(self, args) -> list:
+        from runtime.fallback_torch import to_torch
+
+        outs = self.executable.run([args[i] for i in self.input_indices])
+        result = []
+        for spec in self.imported.outputs:
+            if spec[0] == "literal":
+                result.append(spec[1])
+                continue
+            t = to_torch(outs[spec[1]])
+            result.append(t.clone() if spec[2] else t)
+        return result
+
+
+def _frozen_arrays(static: frozenset, args) -> dict:
+    """Placeholder index -> a numpy copy of each static input (read now: first call)."""
+    from runtime.fallback_torch import to_numpy
+
+    frozen = {}
+    for i in sorted(static):
+        a = args[i]
+        if isinstance(a, torch.Tensor) and a.dtype != torch.bfloat16 and not a.is_complex():
+            frozen[i] = to_numpy(a)
+    return frozen
+
+
+def _make_step(cluster, graph, host_ops: dict, runner: GraphRunner):
+    """A cluster's runtime step: braze's kernels (numpy in and out) or eager torch."""
+    from runtime.fallback_torch import TorchHostStep, to_numpy
+
+    sub = outline(graph, cluster)
+    if not cluster.compiled:
+        return TorchHostStep(sub, host_ops)
+    try:
+        from compiler.codegen import compile_graph
+
+        compiled = compile_graph(sub, target=runner.opts.target, threads=runner.opts.threads)
+    except Exception as e:
+        if runner.opts.strict:
+            raise
+        log.warning("braze: codegen failed for %s of graph %s (%s: %s); torch runs it",
+                    sub.name, runner.name, type(e).__name__, e)
+        return TorchHostStep(sub, host_ops)
+    dump(runner.opts, runner.name, f"{sub.name}.ll", str(getattr(compiled, "llvm_ir", "")))
+    run = compiled.run
+    return lambda args: run([to_numpy(a) for a in args])
+
+
+def _log_host_nodes(name: str, clusters) -> None:
+    """INFO: each kind of node left to torch, with its reason (once per op and reason)."""
+    seen: collections.Counter = collections.Counter()
+    for c in clusters:
+        if c.compiled:
+            continue
+        for n in c.nodes:
+            label = n.attrs["op_type"] if n.op == "host" else n.op
+            seen[(label, c.reasons[n])] += 1
+    for (label, reason), count in seen.items():
+        times = f" ({count} nodes)" if count > 1 else ""
+        log.info("braze: graph %s: %s runs on torch%s: %s", name, label, times, reason)
+
+
+def dump(opts: TorchOptions, name: str, suffix: str, text: str) -> None:
+    """Write one dump file (option dump_dir): IR text, clusters, LLVM IR."""
+    if not opts.dump_dir:
+        return
+    os.makedirs(opts.dump_dir, exist_ok=True)
+    with open(os.path.join(opts.dump_dir, f"{name}.{suffix}"), "w") as f:
+        f.write(text)

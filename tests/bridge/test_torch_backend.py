@@ -1,0 +1,223 @@
+"""torch.compile(model, backend="braze"): models against eager, training, fallbacks, options.
+
+Tolerances: float32 outputs within RTOL/ATOL of eager (braze's kernels reassociate
+sums and use their own exp/erf; convolutions and matmuls run in torch).
+"""
+
+import importlib.metadata
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+from tests.bridge.torch_models import LSTMTagger, SmallResNet, randomize_bn
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def compiled(model, **options):
+    return torch.compile(model, backend="braze", options={"strict": True, **options})
+
+
+def check_inference(model, *inputs, **options):
+    c = compiled(model, **options)
+    with torch.no_grad():
+        for _ in range(2):  # the second call reuses the specialization
+            torch.testing.assert_close(c(*inputs), model(*inputs), rtol=RTOL, atol=ATOL)
+
+
+def test_registered_by_entry_point():
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert eps["braze"].value == "bridge.torch_backend:braze"
+    assert "braze" in torch._dynamo.list_backends()
+
+
+def test_mlp_inference_dumps_ir_and_llvm(tmp_path):
+    m = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4),
+                      nn.Softmax(-1)).eval()
+    check_inference(m, torch.randn(5, 8), dump_dir=str(tmp_path))
+    names = os.listdir(tmp_path)
+    assert any(n.endswith(".import.ir") for n in names)
+    assert any(n.endswith(".ll") for n in names), "no cluster was compiled by braze"
+    clusters = next(n for n in names if n.endswith("clusters.txt"))
+    assert "compiled" in (tmp_path / clusters).read_text()
+
+
+def test_small_resnet_folds_batch_norm(tmp_path):
+    m = randomize_bn(SmallResNet()).eval()
+    check_inference(m, torch.randn(2, 3, 16, 16), dump_dir=str(tmp_path))
+    opt = next(p for p in tmp_path.iterdir() if p.name.endswith(".opt.ir")).read_text()
+    header = opt.splitlines()[0]
+    assert header.count("%") == 2, f"weights should be constants (frozen): {header}"
+    assert "reciprocal" not in opt and "sqrt" not in opt, "batch norm was not folded"
+
+
+def test_freeze_false_keeps_weights_as_inputs(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    check_inference(m, torch.randn(2, 4), freeze=False, dump_dir=str(tmp_path))
+    ir = next(p for p in tmp_path.iterdir() if p.name.endswith(".import.ir")).read_text()
+    assert ir.splitlines()[0].count("%") >= 4  # weight, bias, x, output
+
+
+def test_frozen_weights_changed_in_place_recompile():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).eval()
+    c = compiled(m)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        c(x)
+        m[0].weight.mul_(2.0)
+        torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+
+
+def test_transformer_encoder_layer():
+    m = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True).eval()
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # the decomposable path, not one fused op
+    try:
+        check_inference(m, torch.randn(2, 5, 16))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
+def test_lstm(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "allow_rnn", True)
+    check_inference(LSTMTagger().eval(), torch.randn(2, 5, 6))
+
+
+def test_non_contiguous_input():
+    m = nn.Sequential(nn.Linear(6, 3), nn.Sigmoid())
+    check_inference(m, torch.randn(6, 4).t())
+
+
+def test_mlp_training_loop_matches_eager():
+    def make():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
+                             nn.Linear(32, 1))
+
+    data = [(torch.randn(16, 10), torch.randn(16, 1)) for _ in range(20)]
+
+    def losses(model, step_fn):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        out = []
+        for x, y in data:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(step_fn(x), y)
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out
+
+    eager = make()
+    ours = make()
+    expected = losses(eager, eager)
+    got = losses(ours, compiled(ours))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+
+
+def test_unsupported_op_runs_on_torch_and_is_logged(caplog):
+    def f(x):
+        return torch.cumsum(torch.relu(x), dim=1) * 2
+
+    x = torch.randn(4, 5)
+    with caplog.at_level(logging.INFO, logger="braze"):
+        torch.testing.assert_close(compiled(f)(x), f(x))
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert "aten.cumsum.default" in msg and "no braze converter" in msg
+
+
+def test_fake_example_inputs_are_never_read():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bridge.torch_backend import braze
+
+    class TupleOut(nn.Module):  # dynamo's graphs return tuples
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return (torch.relu(self.fc(x)),)
+
+    m = TupleOut()
+    gm = torch.fx.symbolic_trace(m)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.empty(2, 4))
+    fn = braze(gm, [fake], options={"strict": True})
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(fn(x)[0], m(x)[0])
+
+
+def test_dynamic_shapes_specialize_per_shape():
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    c = torch.compile(m, backend="braze", dynamic=True, options={"strict": True})
+    with torch.no_grad():
+        for batch in (2, 3, 7, 3):
+            x = torch.randn(batch, 4)
+            torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+
+
+def test_specializations_are_bounded():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from bridge.torch_backend import MAX_SPECIALIZATIONS, GraphRunner, TorchOptions
+
+    gm = make_fx(lambda x: (torch.exp(x) + 1,), tracing_mode="symbolic")(torch.randn(3))
+    runner = GraphRunner(gm, "t", (), TorchOptions(strict=True))
+    assert runner.dynamic
+    for n in range(1, MAX_SPECIALIZATIONS + 4):
+        x = torch.randn(n)
+        torch.testing.assert_close(runner(x)[0], torch.exp(x) + 1)
+    assert len(runner._specs) == MAX_SPECIALIZATIONS
+
+
+def test_compile_failure_warns_and_runs_eagerly(monkeypatch, caplog):
+    import importers.fx
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated importer bug")
+
+    monkeypatch.setattr(importers.fx, "import_fx", broken)
+    m = nn.Sequential(nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    c = torch.compile(m, backend="braze")
+    with caplog.at_level(logging.WARNING, logger="braze"), torch.no_grad():
+        torch.testing.assert_close(c(x), m(x))
+    assert any("simulated importer bug" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="simulated importer bug"), torch.no_grad():
+        compiled(m)(x)
+
+
+def test_allow_fallback_false_refuses_host_nodes():
+    def f(x):
+        return torch.cumsum(x, 0)
+
+    with pytest.raises(Exception, match="allow_fallback=False"):
+        compiled(f, allow_fallback=False)(torch.randn(3))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"bogus": 1}, "unknown braze option"),
+    ({"target": "tpu"}, "unknown target"),
+])
+def test_bad_options_are_clear_errors(options, message):
+    with pytest.raises(Exception, match=message):
+        torch.compile(nn.ReLU(), backend="braze", options=options)(torch.randn(2))
+
+
+def test_mode_is_accepted():
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(torch.compile(m, backend="braze", mode="max-autotune")(x), m(x))

@@ -1,0 +1,108 @@
+"""importers/fx.py: aten graphs -> IR (structure), host nodes, freezing, specialization."""
+
+import numpy as np
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from compiler.interp import evaluate
+from compiler.ir import verify
+from importers.fx import import_fx
+
+aten = torch.ops.aten
+
+
+def _import(fn, *args, **kw):
+    gm = make_fx(fn)(*args)
+    return gm, import_fx(gm, list(args), **kw)
+
+
+def _run(imp, args):
+    """Interpret the IR, host nodes through their recorded aten callables."""
+    def host_eval(node, inputs):
+        op = imp.host_ops[node.attrs["payload"].decode()]
+        return [t.numpy() for t in op([torch.from_numpy(np.asarray(a)) for a in inputs])]
+
+    return evaluate(imp.graph, [args[i].numpy() for i in imp.input_indices], host_eval)
+
+
+def test_softmax_is_written_out_from_primitives():
+    x = torch.randn(3, 5)
+    _, imp = _import(lambda x: torch.softmax(x, -1), x)
+    verify(imp.graph)
+    ops = [n.op for n in imp.graph.nodes if n.op != "const"]
+    assert ops == ["reduce_max", "sub", "exp", "reduce_sum", "div"]
+    np.testing.assert_allclose(_run(imp, [x])[0], torch.softmax(x, -1).numpy(), rtol=1e-6)
+
+
+def test_type_promotion_casts_to_the_result_dtype():
+    a, b = torch.arange(6, dtype=torch.int32).reshape(2, 3), torch.randn(3)
+    _, imp = _import(lambda a, b: (a + b, a < 2.5), a, b)
+    verify(imp.graph)
+    assert [v.dtype for v in imp.graph.outputs] == ["f32", "bool"]
+    got = _run(imp, [a, b])
+    np.testing.assert_allclose(got[0], (a + b).numpy())
+    np.testing.assert_array_equal(got[1], (a < 2.5).numpy())
+
+
+def test_unconverted_op_becomes_a_host_node_with_its_reason():
+    x = torch.randn(4, 3)
+    _, imp = _import(lambda x: torch.cumsum(x * 2, 0), x)
+    (host,) = [n for n in imp.graph.nodes if n.op == "host"]
+    assert host.attrs["framework"] == "torch" and host.attrs["op_type"] == "aten.cumsum.default"
+    assert "no braze converter" in host.attrs["reason"]
+    assert imp.refusals[0][1] == "aten.cumsum.default"
+    np.testing.assert_allclose(_run(imp, [x])[0], torch.cumsum(x * 2, 0).numpy(), rtol=1e-6)
+
+
+def test_random_ops_stay_on_torch():
+    x = torch.randn(8)
+    _, imp = _import(lambda x: x + torch.rand_like(x), x)
+    (host,) = [n for n in imp.graph.nodes if n.op == "host"]
+    assert "random" in host.attrs["reason"]
+
+
+def test_factory_ops_become_constants():
+    x = torch.randn(4)
+    _, imp = _import(lambda x: x + torch.arange(4, dtype=torch.float32), x)
+    assert not any(n.op == "host" for n in imp.graph.nodes)
+    np.testing.assert_allclose(_run(imp, [x])[0], (x + torch.arange(4.0)).numpy())
+
+
+def test_frozen_inputs_become_constants():
+    w, x = torch.randn(3, 3), torch.randn(2, 3)
+    gm = make_fx(lambda w, x: (x @ w,))(w, x)
+    imp = import_fx(gm, [w, x], frozen={0: w.numpy()})
+    assert imp.input_indices == [1] and len(imp.graph.inputs) == 1
+    assert imp.graph.nodes[0].op == "const"
+
+
+def test_symbolic_graph_specializes_with_concrete_values():
+    from bridge.torch_backend import concrete_vals
+
+    gm = make_fx(lambda x: (x.view(-1, 2).sum(0),), tracing_mode="symbolic")(torch.randn(6))
+    x = torch.randn(10)
+    imp = import_fx(gm, [x], vals=concrete_vals(gm, [x]))
+    verify(imp.graph)
+    assert imp.graph.inputs[0].shape == (10,)
+    np.testing.assert_allclose(_run(imp, [x])[0], x.view(-1, 2).sum(0).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[1:, ::2],
+    lambda x: x.flip(0),
+    lambda x: torch.nn.functional.pad(x, (1, -1)),
+    lambda x: torch.roll(x, 1, 1),
+    lambda x: x.repeat(2, 1),
+    lambda x: torch.cat([x, x * 2], 1),
+    lambda x: x.amax(1) + x.var(0).sum(),
+    lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    lambda x: torch.where(x > 0, x, 0.5),
+    lambda x: torch.div(x * 7, 2, rounding_mode="floor"),
+])
+def test_converters_match_eager(fn):
+    x = torch.randn(4, 6)
+    _, imp = _import(fn, x)
+    verify(imp.graph)
+    assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
+    np.testing.assert_allclose(_run(imp, [x])[0], fn(x).numpy(), rtol=1e-5, atol=1e-6)
