@@ -10,7 +10,6 @@ import argparse
 import logging
 import sys
 import traceback
-from pathlib import Path
 
 from compiler.errors import BrazeError
 
@@ -106,10 +105,6 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
         except ValueError:
             raise BrazeError(f"bad --shape {item!r}: expected NAME=D1,D2,...") from None
     return shapes
-
-
-def path_arg(path: str) -> Path:
-    return Path(path)
 
 
 if __name__ == "__main__":
