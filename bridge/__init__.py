@@ -5,7 +5,8 @@
     y, = m(x)
 """
 
-from compiler.errors import (  # noqa: F401  (re-exported for users)
+from bridge.onnx_api import CompiledOnnxModel, compile_onnx
+from compiler.errors import (
     ArtifactError,
     BrazeError,
     CompileError,
@@ -14,7 +15,15 @@ from compiler.errors import (  # noqa: F401  (re-exported for users)
     ModelLoadError,
     UnsupportedModelError,
 )
-from bridge.onnx_api import CompiledOnnxModel, compile_onnx  # noqa: F401
 
-__all__ = ["compile_onnx", "CompiledOnnxModel", "BrazeError", "CompileError", "InputError",
-           "InvalidModelError", "ModelLoadError", "UnsupportedModelError", "ArtifactError"]
+__all__ = [
+    "ArtifactError",
+    "BrazeError",
+    "CompileError",
+    "CompiledOnnxModel",
+    "InputError",
+    "InvalidModelError",
+    "ModelLoadError",
+    "UnsupportedModelError",
+    "compile_onnx",
+]

@@ -44,7 +44,7 @@ class Options:
     threads: int = 2
 
     @classmethod
-    def from_kwargs(cls, options: dict) -> "Options":
+    def from_kwargs(cls, options: dict) -> Options:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(options) - known)
         if unknown:
@@ -264,9 +264,20 @@ class CompiledOnnxModel:
     # -- introspection ------------------------------------------------------
 
     def explain(self, input_shapes: dict | None = None) -> str:
-        """Clusters and, for every node not compiled, why (for given or declared shapes)."""
+        """Clusters and, for every node not compiled, why (for the given shapes, else those
+        of the latest call); `explain_data` gives the same as data."""
+        return describe_partition(self._explained_clusters(input_shapes))
+
+    def explain_data(self, input_shapes: dict | None = None) -> dict:
+        """`explain` as data: see partition_report."""
+        return partition_report(self._explained_clusters(input_shapes))
+
+    def _explained_clusters(self, input_shapes: dict | None) -> list[Cluster]:
+        from importers.onnx import import_onnx
+
         shapes = input_shapes or self._declared_shapes()
-        return explain_onnx(self._model, shapes, self.target)
+        imported = import_onnx(self._model, input_shapes=shapes)
+        return plan(imported.graph, self.target, self.options.allow_fallback)
 
     def _declared_shapes(self) -> dict:
         """The shapes of the latest call (explain() with no shapes given)."""
@@ -282,6 +293,25 @@ def explain_onnx(model, shapes: dict, target: str = "cpu") -> str:
 
     imported = import_onnx(model, input_shapes=shapes)
     return describe_partition(plan(imported.graph, target))
+
+
+def partition_report(clusters: list[Cluster]) -> dict:
+    """The clusters as data: {"clusters": [{id, kind, ops, inputs, outputs}], "not_compiled":
+    [{op, name, cluster, reason}], "nodes", "compiled_nodes"} (value names, node labels)."""
+    def label(n):
+        return n.attrs["op_type"] if n.op == "host" else n.op
+
+    not_compiled = [{"op": label(n), "name": n.name or n.outputs[0].name, "cluster": c.id,
+                     "reason": c.reasons[n]} for c in clusters if not c.compiled for n in c.nodes]
+    nodes = sum(len(c.nodes) for c in clusters)
+    return {
+        "clusters": [{"id": c.id, "kind": c.kind, "ops": [label(n) for n in c.nodes],
+                      "inputs": [v.name for v in c.inputs],
+                      "outputs": [v.name for v in c.outputs]} for c in clusters],
+        "not_compiled": not_compiled,
+        "nodes": nodes,
+        "compiled_nodes": nodes - len(not_compiled),
+    }
 
 
 _ANY_RANK = "any rank"  # marker: the model declares no shape for this input

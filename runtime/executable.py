@@ -11,8 +11,8 @@ Outputs never alias inputs, constants or each other: those are copied.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 

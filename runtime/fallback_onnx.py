@@ -8,8 +8,10 @@ subgraphs capture under another name. The same exporter serves
 `braze optimize` (a clean model stock onnxruntime loads) and the runtime's host
 steps (`OnnxHostStep`: one InferenceSession per host cluster, created once).
 
-The default-domain opset is the lowest that every exported op needs and at
-least every host payload's (`BASE_OPSET`, raised by `_OPSET_NEEDS`).
+The default-domain opset is chosen before anything is emitted (`choose_opset`):
+the host payloads' own where the mapping is valid there, else the lowest the
+mapping needs. Where onnxruntime has no kernel for an op's dtype, the node is
+computed in a carrier dtype (runtime/onnx_carriers.py).
 """
 
 from __future__ import annotations
@@ -21,8 +23,13 @@ from onnx import FunctionProto, TensorProto, helper, numpy_helper
 from compiler import dtypes
 from compiler.errors import CompileError
 from compiler.ir import Graph, Node, Value
+from runtime.onnx_carriers import Carrier, carrier, data_dtype, retyped
 
-BASE_OPSET = 17  # Reduce* axes as attributes below 18, inputs from 18: both handled
+# The default-domain opset when neither the caller nor a host payload asks for one.
+BASE_OPSET = 17
+# The lowest opset the mapping is valid at: Add/Sub/Mul/Div take 8- and 16-bit
+# integers from 14 (Reduce* axes as attributes below 18, as inputs from 18: both handled).
+MIN_OPSET = 14
 
 _UNARY = {
     "neg": "Neg", "abs": "Abs", "sign": "Sign", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
@@ -40,8 +47,7 @@ _BINARY = {
 }
 _REDUCE = {"reduce_sum": "ReduceSum", "reduce_prod": "ReduceProd", "reduce_max": "ReduceMax",
            "reduce_min": "ReduceMin"}
-# ONNX ops newer than BASE_OPSET -> the opset that introduced them
-_OPSET_NEEDS = {"BitwiseNot": 18, "BitwiseAnd": 18, "BitwiseOr": 18, "BitwiseXor": 18}
+_BITWISE = ("bitnot", "bitand", "bitor", "bitxor")  # Bitwise* ops: opset 18
 
 
 def onnx_elem_type(dtype: str) -> int:
@@ -60,7 +66,7 @@ class _Emitter:
 
     def __init__(self, opset: int):
         self.nodes: list = []
-        self.inits: list = []
+        self.inits: dict[str, np.ndarray] = {}  # written into the model once, at the end
         self.opset = opset
         self.other_opsets: dict[str, int] = {}
         self.names: set[str] = set()
@@ -79,12 +85,11 @@ class _Emitter:
             **attrs) -> str:
         outputs = outputs or [self.fresh(op_type.lower())]
         self.nodes.append(helper.make_node(op_type, inputs, outputs, **attrs))
-        self.opset = max(self.opset, _OPSET_NEEDS.get(op_type, 0))
         return outputs[0]
 
     def const(self, array, hint: str = "c") -> str:
         name = self.fresh(hint)
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        self.inits[name] = np.asarray(array)
         return name
 
     def ints(self, values, hint: str = "ints") -> str:
@@ -94,9 +99,15 @@ class _Emitter:
 # -- per-op exporters: fn(em, node, input names, output names) ---------------
 
 def _unary(em, n, ins, outs):
-    if n.op == "isinf":
-        return em.add("IsInf", ins, outs)
     em.add(_UNARY[n.op], ins, outs)
+
+
+def _neg(em, n, ins, outs):
+    """ONNX Neg takes no unsigned type: 0 - x wraps as numpy's negation does."""
+    if n.inputs[0].dtype in dtypes.UNSIGNED:
+        zero = em.const(np.zeros((), dtypes.to_numpy(n.inputs[0].dtype)), "zero")
+        return em.add("Sub", [zero, ins[0]], outs)
+    em.add("Neg", ins, outs)
 
 
 def _binary(em, n, ins, outs):
@@ -117,8 +128,21 @@ def _ne(em, n, ins, outs):
     em.add("Not", [em.add("Equal", ins)], outs)
 
 
-def _mod(em, n, ins, outs, fmod: int):
-    em.add("Mod", ins, outs, fmod=fmod)
+def _fmod(em, n, ins, outs):
+    em.add("Mod", ins, outs, fmod=1)
+
+
+def _mod(em, n, ins, outs):
+    """Floor modulo (the sign of the divisor). onnxruntime floor-mods integers only (before
+    opset 28), so floats take fmod and add the divisor where the signs differ, as numpy."""
+    if n.inputs[0].dtype not in dtypes.FLOATS:
+        return em.add("Mod", ins, outs, fmod=0)
+    r = em.add("Mod", ins, fmod=1)
+    zero = em.const(np.zeros((), dtypes.to_numpy(n.inputs[0].dtype)), "zero")
+    signs_differ = em.add("Xor", [em.add("Less", [r, zero]), em.add("Less", [ins[1], zero])])
+    nonzero = em.add("Not", [em.add("Equal", [r, zero])])
+    fix = em.add("And", [signs_differ, nonzero])
+    em.add("Where", [fix, em.add("Add", [r, ins[1]]), r], outs)
 
 
 def _expm1(em, n, ins, outs):
@@ -193,8 +217,6 @@ def _concat(em, n, ins, outs):
 
 def _pad(em, n, ins, outs):
     mode = n.attrs["mode"]
-    if mode == "wrap":
-        em.opset = max(em.opset, 19)
     args = [ins[0], em.ints(n.attrs["pads"], "pads")]
     if mode == "constant":
         args.append(em.const(np.array(n.attrs["value"]).astype(
@@ -229,10 +251,8 @@ def _max_pool(em, n, ins, outs):
 
 def _avg_pool(em, n, ins, outs):
     attrs = _window_attrs(n)
-    if any(d != 1 for d in attrs["dilations"]):
-        em.opset = max(em.opset, 19)
-    else:
-        del attrs["dilations"]
+    if all(d == 1 for d in attrs["dilations"]):
+        del attrs["dilations"]  # AveragePool takes dilations from opset 19 only
     em.add("AveragePool", ins, outs, kernel_shape=list(n.attrs["kernel"]),
            count_include_pad=int(n.attrs["count_include_pad"]), **attrs)
 
@@ -241,8 +261,8 @@ _EXPORTERS = {
     **{op: _unary for op in _UNARY},
     **{op: _binary for op in _BINARY},
     "bitand": _bool_bitwise, "bitor": _bool_bitwise, "bitxor": _bool_bitwise,
-    "max": _max, "ne": _ne, "mod": lambda em, n, i, o: _mod(em, n, i, o, 0),
-    "fmod": lambda em, n, i, o: _mod(em, n, i, o, 1), "expm1": _expm1, "log1p": _log1p,
+    "max": _max, "ne": _ne, "neg": _neg, "mod": _mod, "fmod": _fmod, "expm1": _expm1,
+    "log1p": _log1p,
     "shl": _shift, "shr": _shift, "cast": _cast, "select": _select,
     **{op: _reduce for op in _REDUCE}, "argmax": _arg, "argmin": _arg,
     "reshape": _reshape, "transpose": _transpose, "broadcast": _broadcast, "slice": _slice,
@@ -251,21 +271,82 @@ _EXPORTERS = {
 }
 
 
+def _export_node(em: _Emitter, n: Node, ins: list[str], outs: list[str]) -> None:
+    """Emit one primitive node, in a carrier dtype where onnxruntime lacks its own."""
+    try:
+        exporter = _EXPORTERS[n.op]
+    except KeyError:
+        raise CompileError(f"{n.describe()}: no ONNX export for op {n.op}") from None
+    c = carrier(n)
+    if c is None:
+        return exporter(em, n, ins, outs)
+    view, old = retyped(n, c.dtype), data_dtype(n)
+    args = [name if v is w else _carry_in(em, name, c)
+            for name, v, w in zip(ins, n.inputs, view.inputs)]
+    results = [name if o.dtype == w.dtype else em.fresh(name)
+               for name, o, w in zip(outs, n.outputs, view.outputs)]
+    exporter(em, view, args, results)
+    for name, tmp in zip(outs, results):
+        if tmp != name:
+            _carry_out(em, tmp, name, c, old)
+
+
+_SIGN_BIT = np.array(np.iinfo(np.int64).min, np.int64)
+
+
+def _carry_in(em: _Emitter, name: str, c: Carrier) -> str:
+    cast = em.add("Cast", [name], to=onnx_elem_type(c.dtype))
+    return em.add("BitwiseXor", [cast, em.const(_SIGN_BIT, "sign_bit")]) if c.flip_sign else cast
+
+
+def _carry_out(em: _Emitter, name: str, out: str, c: Carrier, dtype: str) -> None:
+    if c.flip_sign:
+        name = em.add("BitwiseXor", [name, em.const(_SIGN_BIT, "sign_bit")])
+    em.add("Cast", [name], [out], to=onnx_elem_type(dtype))
+
+
+# -- the opset ----------------------------------------------------------------
+
+def _node_opset(n: Node) -> int:
+    """The lowest default-domain opset at which `n` exports as the mapping writes it."""
+    c = carrier(n)
+    if (n.op in _BITWISE and n.inputs[0].dtype != "bool") or (c is not None and c.flip_sign):
+        return 18
+    if n.op == "pad" and n.attrs["mode"] == "wrap":
+        return 19
+    if n.op == "avg_pool" and any(d != 1 for d in n.attrs["dilations"]):
+        return 19
+    return MIN_OPSET
+
+
+def choose_opset(graph: Graph, payloads: dict, requested: int | None = None) -> int:
+    """The default-domain opset: the host payloads' own (else `requested`, else BASE_OPSET),
+    raised only as far as the primitive ops' mapping needs."""
+    host = max((imp.version for fn in payloads.values() for imp in fn.opset_import
+                if imp.domain in ("", "ai.onnx")), default=0)
+    need = max((_node_opset(n) for n in graph.nodes if n.op not in ("host", "const")),
+               default=0)
+    return max(host or requested or BASE_OPSET, need)
+
+
 # -- host nodes -------------------------------------------------------------
 
-def _merge_opsets(em: _Emitter, fn: FunctionProto) -> None:
+def _payload(n: Node) -> FunctionProto:
+    fn = FunctionProto()
+    fn.ParseFromString(n.attrs["payload"])
+    return fn
+
+
+def _merge_other_opsets(em: _Emitter, fn: FunctionProto) -> None:
     for imp in fn.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            em.opset = max(em.opset, imp.version)
-        else:
+        if imp.domain not in ("", "ai.onnx"):
             em.other_opsets[imp.domain] = max(em.other_opsets.get(imp.domain, 0), imp.version)
 
 
-def _host(em: _Emitter, n: Node, ins: list[str], outs: list[str], defined: dict) -> None:
+def _host(em: _Emitter, n: Node, fn: FunctionProto, ins: list[str], outs: list[str],
+          defined: dict) -> None:
     """Re-create a host node: rename its direct inputs/outputs, alias captured names."""
-    fn = FunctionProto()
-    fn.ParseFromString(n.attrs["payload"])
-    _merge_opsets(em, fn)
+    _merge_other_opsets(em, fn)
     for vi in fn.value_info:
         em.types[vi.name] = vi.type
     node = onnx.NodeProto()
@@ -302,44 +383,59 @@ def export_onnx(graph: Graph, *, output_names: list[str] | None = None, opset: i
                 name: str = "braze") -> onnx.ModelProto:
     """A standard ONNX model computing `graph`; outputs renamed to `output_names` if given.
 
-    The default-domain opset is at least `opset` (e.g. the source model's) and
-    BASE_OPSET, unless the graph holds nothing but host nodes and constants: then
-    it is the host payloads' own, so old ops (Scatter, Upsample) stay valid.
+    The default-domain opset is the host payloads' (so old ops such as Scatter or
+    Upsample stay valid), else `opset` (e.g. the source model's), else BASE_OPSET;
+    raised where the primitive ops' mapping needs more (choose_opset).
     """
-    only_host = all(n.op in ("host", "const") for n in graph.nodes)
-    em = _Emitter(0 if only_host else max(opset or 0, BASE_OPSET))
+    payloads = {n: _payload(n) for n in graph.nodes if n.op == "host"}
+    em = _Emitter(choose_opset(graph, payloads, opset))
     em.names.update(v.name for v in graph.values())
     defined: dict[str, str] = {v.name: v.name for v in graph.values()}
     for n in graph.nodes:
         ins = [v.name for v in n.inputs]
         outs = [v.name for v in n.outputs]
         if n.op == "const":
-            em.inits.append(numpy_helper.from_array(np.asarray(n.attrs["value"]), outs[0]))
+            em.inits[outs[0]] = np.asarray(n.attrs["value"])
         elif n.op == "host":
-            _host(em, n, ins, outs, defined)
+            _host(em, n, payloads[n], ins, outs, defined)
         else:
-            try:
-                exporter = _EXPORTERS[n.op]
-            except KeyError:
-                raise CompileError(f"{n.describe()}: no ONNX export for op {n.op}") from None
-            exporter(em, n, ins, outs)
+            _export_node(em, n, ins, outs)
     out_names = _graph_outputs(em, graph, output_names)
     inputs = [helper.make_value_info(v.name, _value_type(em, v)) for v in graph.inputs]
     outputs = [helper.make_value_info(o, _value_type(em, v)) for o, v in
                zip(out_names, graph.outputs)]
-    g = helper.make_graph(em.nodes, name, inputs, outputs, _used(em.inits, em.nodes, out_names))
-    opsets = [helper.make_opsetid("", em.opset)]
-    opsets += [helper.make_opsetid(d, v) for d, v in sorted(em.other_opsets.items())]
-    model = helper.make_model(g, opset_imports=opsets, producer_name="braze")
-    model.ir_version = _min_ir_version(em.opset)
+    # built in place: copying a message (make_graph, make_model) fails beyond 2 GiB
+    model = onnx.ModelProto(ir_version=_min_ir_version(em.opset), producer_name="braze")
+    model.opset_import.add(domain="", version=em.opset)
+    for d, v in sorted(em.other_opsets.items()):
+        model.opset_import.add(domain=d, version=v)
+    g = model.graph
+    g.name = name
+    g.node.extend(em.nodes)
+    g.input.extend(inputs)
+    g.output.extend(outputs)
+    read = set(out_names)
+    _reads(em.nodes, read)
+    for init_name, array in em.inits.items():
+        if init_name in read:  # a peephole may orphan one
+            _fill_tensor(g.initializer.add(), init_name, array)
     return model
 
 
-def _used(inits: list, nodes: list, outputs: list[str]) -> list:
-    """The initializers some node or graph output reads (a peephole may orphan one)."""
-    read = set(outputs)
-    _reads(nodes, read)
-    return [t for t in inits if t.name in read]
+def _fill_tensor(t: onnx.TensorProto, name: str, array: np.ndarray) -> None:
+    """Write `array` into `t` as raw little-endian bytes (strings through numpy_helper)."""
+    if array.dtype == object or array.dtype.kind in "US":
+        t.CopyFrom(numpy_helper.from_array(array, name))
+        return
+    t.name = name
+    t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+    t.dims.extend(array.shape)
+    t.raw_data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+
+
+def weight_bytes(graph: Graph) -> int:
+    """Bytes of constant data in `graph` (what its exported model's initializers hold)."""
+    return sum(n.attrs["value"].nbytes for n in graph.nodes if n.op == "const")
 
 
 def _reads(nodes, read: set) -> None:
@@ -353,11 +449,12 @@ def _reads(nodes, read: set) -> None:
 
 
 def _min_ir_version(opset: int) -> int:
-    """The IR version that onnx pairs with a default-domain opset."""
-    for ir, op in ((10, 23), (9, 19), (8, 15), (7, 12), (6, 11), (5, 10), (4, 9)):
+    """The IR version that onnx pairs with a default-domain opset; at least 4, where
+    initializers need not be listed as graph inputs."""
+    for ir, op in ((10, 23), (9, 19), (8, 15), (7, 12), (6, 11), (5, 10)):
         if opset >= op:
             return ir
-    return 3
+    return 4
 
 
 def _graph_outputs(em: _Emitter, graph: Graph, wanted: list[str] | None) -> list[str]:
@@ -393,33 +490,95 @@ def _rename_value(em: _Emitter, name: str, new: str) -> None:
     for node in em.nodes:
         node.input[:] = [new if x == name else x for x in node.input]
         node.output[:] = [new if x == name else x for x in node.output]
-    for t in em.inits:
-        if t.name == name:
-            t.name = new
+    if name in em.inits:
+        em.inits[new] = em.inits.pop(name)
+
+
+# A serialized ModelProto must stay under protobuf's 2 GiB; larger host models go through
+# a file with external data (margin left for the graph itself).
+INLINE_MODEL_BYTES = 2**31 - 2**26
 
 
 class OnnxHostStep:
-    """One onnxruntime session running a braze sub-graph; created once, thread-safe."""
+    """One onnxruntime session running a braze sub-graph; created once, thread-safe.
+
+    The session runs sequentially (inter-op 1) on `threads` intra-op threads that
+    do not spin, since host steps alternate with braze's own kernels on the same
+    cores. `model` keeps the exported ONNX model for inspection (over 2 GiB, its
+    weights went to onnxruntime through a file that is gone: the graph only).
+    """
 
     def __init__(self, subgraph: Graph, threads: int = 2, opset: int | None = None):
-        import onnxruntime as ort
-
         self.model = export_onnx(subgraph, opset=opset)
         self.input_names = [v.name for v in subgraph.inputs]
         self.output_names = [o.name for o in self.model.graph.output]
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
-        # Host sessions alternate with braze's own (OpenMP) kernels on the same cores: an
-        # intra-op pool left spinning after its call would steal them from the next step.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self.session = ort.InferenceSession(self.model.SerializeToString(), opts,
-                                                providers=["CPUExecutionProvider"])
+            self.session = _session(self.model, _session_options(threads),
+                                    weight_bytes(subgraph) > INLINE_MODEL_BYTES)
         except Exception as e:  # onnxruntime raises its own types (Fail, NotImplemented...)
             raise CompileError(f"onnxruntime cannot run this host cluster: {e}") from None
 
     def __call__(self, arrays: list) -> list:
         return self.session.run(self.output_names, dict(zip(self.input_names, arrays)))
+
+
+def _session_options(threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    # An intra-op pool left spinning after its call would steal the cores from the
+    # braze kernel that runs next.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
+
+def _session(model: onnx.ModelProto, opts, large: bool):
+    """An InferenceSession for `model`; a `large` one (too large to serialize in one piece)
+    goes through a temporary file with external data."""
+    import onnxruntime as ort
+
+    providers = ["CPUExecutionProvider"]
+    if not large:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="braze-host-") as d:
+        path = Path(d) / "host.onnx"
+        save_onnx(model, path, external=True, in_place=True)  # no second copy of the weights
+        return ort.InferenceSession(str(path), opts, providers=providers)
+
+
+def save_onnx(model: onnx.ModelProto, path, external: bool | None = None,
+              in_place: bool = False) -> None:
+    """Write `model` to `path`; weights in one side file (`<name>.data`) when `external`
+    (default: when the model is too large to serialize in one piece). With external data
+    and `in_place`, `model` itself is left pointing at the side file; else it is unchanged."""
+    from pathlib import Path
+
+    path = Path(path)
+    if external is None:
+        external = _initializer_bytes(model) > INLINE_MODEL_BYTES
+    if not external:
+        onnx.save_model(model, str(path))
+        return
+    if not in_place:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # saving with external data edits the model it is given
+        model = copy
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the main graph's initializers, from their dims (reading the data copies it)."""
+    total = 0
+    for t in model.graph.initializer:
+        itemsize = 1 if t.data_type == onnx.TensorProto.STRING else np.dtype(
+            helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        total += int(np.prod(t.dims, dtype=np.int64)) * itemsize
+    return total

@@ -170,3 +170,37 @@ def test_small_integer_inputs_used_as_axes_are_specialized_on():
     for axis in (0, 1, 0):
         np.testing.assert_allclose(m(x, np.array([axis]))[0], x.sum(axis), rtol=1e-5)
     assert "compiled by braze" in m.explain()
+
+
+def test_explain_data_is_the_structured_form():
+    m = bridge.compile_onnx(_with_cumsum())
+    data = m.explain_data({"x": (5,)})
+    assert data["nodes"] == sum(len(c["ops"]) for c in data["clusters"])
+    assert [c["kind"] for c in data["clusters"]].count("host") >= 1
+    (entry,) = [e for e in data["not_compiled"] if e["op"] == "CumSum"]
+    assert entry["name"] == "cumsum0" and "CumSum" in entry["reason"]
+    assert data["compiled_nodes"] == data["nodes"] - len(data["not_compiled"])
+
+
+def test_specializations_are_bounded(monkeypatch):
+    import bridge.onnx_api as api
+
+    monkeypatch.setattr(api, "MAX_SPECIALIZATIONS", 2)
+    m = bridge.compile_onnx(_mlp())
+    for n in (1, 2, 3, 1):
+        m(*_inputs(n))
+    assert [dict(k)["x"] for k in m._specs] == [(3, 8), (1, 8)]  # 2 was least recently used
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, "2"])
+def test_bad_threads_option(threads):
+    with pytest.raises(bridge.BrazeError, match="threads must be a positive integer"):
+        bridge.compile_onnx(_mlp(), threads=threads)
+
+
+def test_lists_are_accepted_as_inputs_and_checked_like_arrays():
+    m = bridge.compile_onnx(_mlp(2))
+    x, s = _inputs(2)
+    np.testing.assert_allclose(m(x.tolist(), [2.0])[0], m(x, s)[0], rtol=1e-6)
+    with pytest.raises(InputError, match="'scale' must have rank 1"):
+        m(x, 2.0)

@@ -151,14 +151,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     sys.path.insert(0, str(HERE.parents[1]))
     cases = case_ids(op_table())[::args.every]
-    figures = {"samples_per_op": SAMPLES, "every": args.every}
+    figures = {"samples_per_op": SAMPLES}
     for mode in args.modes:
         start = time.time()
         results = sweep(cases, mode, args.jobs)
-        figures[mode] = {**summarize(results), "seconds": round(time.time() - start)}
-        print(mode, figures[mode], flush=True)
+        label = mode if args.every == 1 else f"{mode}_every{args.every}"
+        figures[label] = {**summarize(results), "seconds": round(time.time() - start)}
+        print(label, figures[label], flush=True)
         failures = sorted((c, why) for c, ok, why in results if ok is False)
-        (HERE / f"opinfo_failures_{mode}.txt").write_text(
+        (HERE / f"opinfo_failures_{label}.txt").write_text(
             "".join(f"{c}\t{why}\n" for c, why in failures))
         if args.record and mode in RECORDS and args.every == 1:
             RECORDS[mode].write_text("".join(sorted(f"{c}\n" for c, ok, _ in results if ok)))
