@@ -22,9 +22,10 @@ import numpy as np
 
 from compiler import __version__, dtypes
 from compiler.codegen import llvm_cpu
-from compiler.codegen.cpu import Renderer
+from compiler.codegen.cpu import PACKED, Renderer
 from compiler.errors import CompileError, InputError
 from compiler.ir import Graph, Value
+from compiler.kernels import gemm
 from compiler.passes.fuse import FusionPlan, plan
 
 ALIGN = 64  # arena buffers start on cache lines
@@ -79,11 +80,12 @@ class CompiledGraph:
 
     Introspection: `kernels` (fuse.Kernel: root value and the nodes it
     computes), `plan` (the FusionPlan, with reasons), `llvm_ir` (text of the
-    rendered module), `object_code` (host machine code, cacheable),
-    `arena_bytes` (intermediate memory per calling thread).
+    rendered module; None when built from saved object code), `object_code` (host
+    machine code, cacheable), `arena_bytes` (intermediate memory per calling thread).
     """
 
-    def __init__(self, graph: Graph, threads: int = 2, cache=None):
+    def __init__(self, graph: Graph, threads: int = 2, cache=None,
+                 object_code: bytes | None = None):
         self.graph = graph
         self.set_threads(threads)
         self.plan = plan(graph)
@@ -91,20 +93,31 @@ class CompiledGraph:
         self._inputs = list(graph.inputs)
         self._outputs = list(dict.fromkeys(v for v in graph.outputs
                                            if v in self.plan.materialized))
-        consts = [n.outputs[0] for n in graph.nodes
-                  if n.op == "const" and n.attrs["value"].size != 1]
+        packed = packed_operands(self.kernels)
+        consts = [n.outputs[0] for n in graph.nodes if n.op == "const"
+                  and n.attrs["value"].size != 1 and _read_unpacked(n.outputs[0], graph)]
         self._inter = [k.root for k in self.kernels if k.root not in self._outputs]
-        order = self._inputs + self._outputs + consts + self._inter
+        order = self._inputs + self._outputs + consts + list(packed) + self._inter
         self.slots = {v: i for i, v in enumerate(order)}
         self._const_arrays = [np.ascontiguousarray(v.producer.attrs["value"]) for v in consts]
+        self._const_arrays += list(packed.values())
         self._offsets, self.arena_bytes = arena_plan(self.plan, self._inter)
         self._in_dtypes = [dtypes.to_numpy(v.dtype) for v in self._inputs]
         self._out_specs = [(v.shape, dtypes.to_numpy(v.dtype)) for v in self._outputs]
-        self.llvm_ir = Renderer(graph, self.plan, self.slots).render()
-        self.object_code = _compile(self.llvm_ir, cache)
+        if object_code is None:
+            self.llvm_ir = Renderer(graph, self.plan, self.slots).render()
+            self.object_code = _compile(self.llvm_ir, cache)
+        else:  # saved code (an artifact): the plans above are recomputed, LLVM is not run
+            self.llvm_ir, self.object_code = None, object_code
         self._jit = llvm_cpu.JitModule(object_code=self.object_code)  # keeps code alive
         self._fn = _RUN(self._jit.address("run"))
         self._local = threading.local()
+
+    @classmethod
+    def from_object_code(cls, graph: Graph, object_code: bytes, threads: int = 2):
+        """The CompiledGraph whose code `object_code` is (saved from one built for this
+        same graph by this same braze), loaded without rendering or compiling."""
+        return cls(graph, threads=threads, object_code=object_code)
 
     def set_threads(self, threads: int) -> None:
         """Threads for big kernels (small ones run on the calling thread)."""
@@ -198,6 +211,29 @@ class OutputPool:
             self.blocks.append(block)
             return block.view()
         return block
+
+
+def packed_operands(kernels) -> dict:
+    """(PACKED, weight) -> the weight packed for gemm.py, for each matmul kernel that runs
+    on the packed GEMM (packing happens here, once, at compile time)."""
+    out = {}
+    for k in kernels:
+        node = k.root.producer
+        if k.kind == "contraction" and gemm.refusal(node) is None:
+            w = node.inputs[1]
+            out.setdefault((PACKED, w), gemm.pack_b(np.asarray(w.producer.attrs["value"])))
+    return out
+
+
+def _read_unpacked(v: Value, graph: Graph) -> bool:
+    """Whether constant `v` is read other than as the weight of a packed-GEMM matmul."""
+    if v in graph.outputs:
+        return True
+    for n in graph.nodes:
+        for i, u in enumerate(n.inputs):
+            if u is v and not (i == 1 and n.op == "matmul" and gemm.refusal(n) is None):
+                return True
+    return False
 
 
 def _address(a: np.ndarray) -> int:

@@ -29,10 +29,12 @@ from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delineari
 from compiler.codegen.ops_llvm import (I32, I64, binary_float, binary_int, llvm_type,
                                        storage_type)
 from compiler.ir import Graph, Value
+from compiler.kernels import gemm
 from compiler.ops import Family
 from compiler.passes.fuse import Kernel
 
 PTR = ir.PointerType()
+PACKED = "packed"  # slot-table tag of a weight packed for the GEMM (compiled.py fills it)
 # Kernels that touch fewer elements than this run on one thread: a warm OpenMP
 # launch costs a few microseconds, more than two threads save below ~32K elements.
 PARALLEL_MIN_ELEMENTS = 1 << 15
@@ -64,7 +66,14 @@ class Renderer:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptrs = self._buffers(b, bufs, _leaves(k, self.slots) + [k.root])
         root = k.root
-        if k.kind == "contraction":
+        if k.kind == "contraction" and gemm.refusal(root.producer) is None:
+            shape = gemm.GemmShape.of(root.producer)
+            outer, work = shape.items, shape.m * shape.n * shape.k
+            a, w = root.producer.inputs
+            packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
+            _loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
+                                                         ptrs[root], o))
+        elif k.kind == "contraction":
             outer = int(np.prod(root.shape[:-1], dtype=np.int64))
             work = root.type.size * root.producer.inputs[0].shape[-1]
             _loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))

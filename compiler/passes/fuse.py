@@ -121,10 +121,11 @@ def plan(graph: Graph) -> FusionPlan:
             for u in n.inputs:
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
+    order = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
     while True:
         kernels = _kernels(graph, set(reasons))
         notes: dict[Value, str] = {}
-        if not (_materialize_shared(kernels, reasons, notes) or
+        if not (_materialize_shared(kernels, reasons, notes, order) or
                 _materialize_repeated(kernels, reasons) or
                 _materialize_row_refusals(kernels, reasons)):
             return FusionPlan(kernels, set(reasons), reasons, notes)
@@ -190,7 +191,8 @@ def _fused_nodes(root: Value, materialized: set) -> list[Node]:
 
 # -- shared values: recompute or materialize ------------------------------------
 
-def _materialize_shared(kernels: list[Kernel], reasons: dict, notes: dict) -> bool:
+def _materialize_shared(kernels: list[Kernel], reasons: dict, notes: dict,
+                        order: dict[Value, int]) -> bool:
     """Values computed by several kernels: materialize the costly ones; True if any."""
     count: dict[Value, int] = {}
     for k in kernels:
@@ -201,8 +203,12 @@ def _materialize_shared(kernels: list[Kernel], reasons: dict, notes: dict) -> bo
     materialized = set(reasons)
     memo: dict = {}
     changed = False
-    for v, c in count.items():
-        if c < 2:
+    # Latest values first: once a shared value gets a buffer, the values inlined into it
+    # are read by its kernel only, so they are not decided this round (a residual
+    # stream x + f(x) gets one buffer per block, not one per op of f).
+    covered: set[Value] = set()
+    for v, c in sorted(count.items(), key=lambda vc: -order.get(vc[0], -1)):
+        if c < 2 or v in covered:
             continue
         ops, costly = _cost(v, materialized, memo)
         if is_reduction(v.producer):
@@ -213,8 +219,10 @@ def _materialize_shared(kernels: list[Kernel], reasons: dict, notes: dict) -> bo
         else:
             notes[v] = f"read by {c} kernels; {ops} ops, cheaper to recompute than to store"
             continue
+        covered.update(u for n in _fused_nodes(v, materialized) for u in n.outputs)
         changed = True
     return changed
+
 
 
 def _cost(v: Value, materialized: set, memo: dict) -> tuple[int, bool]:

@@ -281,3 +281,21 @@ graph mlp(%x: f32[4,8], %w: f32[8,16], %bias: f32[16]) -> (%y) {
     names = {v.name: r for v, r in p.reasons.items()}
     assert "operand" in names["xt"] and "matmul result" in names["h"]
     _check_numbers(g)
+
+
+def test_residual_stream_gets_one_buffer_per_block():
+    """x1 = x + f(x) read by two later kernels: x1 is materialized, not each op
+    inside it (latest shared value first)."""
+    g = _graph("""
+graph res(%x: f32[4,64]) -> (%a, %b) {
+  %e = exp(%x) : f32[4,64]
+  %t = tanh(%e) : f32[4,64]
+  %x1 = add(%x, %t) : f32[4,64]
+  %a = mul(%x1, %x1) : f32[4,64]
+  %b = sub(%x1, %x) : f32[4,64]
+}
+""")
+    p = plan(g)
+    names = {v.name for v in p.materialized}
+    assert "x1" in names and not {"e", "t"} & names
+    _check_numbers(g)

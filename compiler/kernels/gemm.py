@@ -1,0 +1,187 @@
+"""Register-blocked float32 GEMM for a matmul whose right operand is a constant.
+
+    C[M, N] = A[M, K] @ B[K, N]      (A's leading batch dims fold into M)
+
+B is packed once, at compile time, into column panels of NR = NV * VEC columns,
+each panel K rows of NR contiguous floats (zero-padded past N): the micro-kernel
+then streams one panel with unit stride (`pack_b`). The output is tiled into
+MR x NR tiles; a tile keeps its MR * NV accumulators in vector registers for the
+whole K loop, broadcasting one element of A per row and per k and issuing one
+FMA per accumulator (BLIS's micro-kernel, with the panel in L1/L2 and A's rows
+read in place).
+
+Work items are tiles ordered panel-major (consecutive items share a B panel), so
+the caller's thread split gives each thread whole runs of tiles that reuse their
+panel from cache. Rows past M are never touched: the last row block of a panel
+runs a tile of M % MR rows; columns past N are computed (on zero padding) but not
+stored.
+
+Register budget (AVX-512, 32 vector registers): MR * NV accumulators + NV panel
+vectors + one broadcast; MR = 12, NV = 2 uses 27.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+VEC = 16  # float32 lanes of one AVX-512 register
+NV = 2  # vectors per tile row
+NR = NV * VEC  # tile columns
+MR = 12  # tile rows
+
+F32 = ir.FloatType()
+I64 = ir.IntType(64)
+I32 = ir.IntType(32)
+PTR = ir.PointerType()
+V16 = ir.VectorType(F32, VEC)
+
+
+def refusal(node) -> str | None:
+    """None if `node` (a matmul) runs on this kernel, else why it takes the generic one."""
+    a, w = node.inputs
+    if node.outputs[0].dtype != "f32":
+        return f"dtype {node.outputs[0].dtype}: the packed GEMM is float32 only"
+    if w.producer is None or w.producer.op != "const":
+        return "right operand is not a constant (nothing to pack at compile time)"
+    if len(w.shape) != 2 or len(a.shape) < 2:
+        return "right operand has batch dims"
+    return None
+
+
+def pack_b(w: np.ndarray) -> np.ndarray:
+    """B[K, N] as panels [ceil(N / NR), K, NR], zero-padded past N."""
+    k, n = w.shape
+    panels = -(-n // NR)
+    padded = np.zeros((k, panels * NR), np.float32)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    m: int  # rows of C (A's batch dims folded in)
+    k: int
+    n: int
+
+    @property
+    def row_blocks(self) -> int:
+        return -(-self.m // MR)
+
+    @property
+    def panels(self) -> int:
+        return -(-self.n // NR)
+
+    @property
+    def items(self) -> int:
+        """Work items (tiles) for the caller's outer loop."""
+        return self.row_blocks * self.panels
+
+    @classmethod
+    def of(cls, node) -> GemmShape:
+        a, w = node.inputs
+        return cls(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1], w.shape[-1])
+
+
+def _i64(n: int) -> ir.Constant:
+    return ir.Constant(I64, int(n))
+
+
+def _fma(b: ir.IRBuilder):
+    mod = b.module
+    try:
+        return mod.get_global("llvm.fma.v16f32")
+    except KeyError:
+        return ir.Function(mod, ir.FunctionType(V16, [V16, V16, V16]), "llvm.fma.v16f32")
+
+
+def _splat(b: ir.IRBuilder, x):
+    v = b.insert_element(ir.Constant(V16, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(V16, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, VEC), [0] * VEC))
+
+
+def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item) -> None:
+    """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`."""
+    rb = b.urem(item, _i64(shape.row_blocks))
+    panel = b.udiv(item, _i64(shape.row_blocks))
+    row0 = b.mul(rb, _i64(MR))
+    tail = shape.m % MR
+    if tail == 0:
+        _tile(b, shape, MR, a_ptr, packed_ptr, c_ptr, row0, panel)
+        return
+    is_tail = b.icmp_unsigned("==", rb, _i64(shape.row_blocks - 1))
+    with b.if_else(is_tail) as (then, otherwise):
+        with then:
+            _tile(b, shape, tail, a_ptr, packed_ptr, c_ptr, row0, panel)
+        with otherwise:
+            _tile(b, shape, MR, a_ptr, packed_ptr, c_ptr, row0, panel)
+
+
+def _tile(b: ir.IRBuilder, shape: GemmShape, rows: int, a_ptr, packed_ptr, c_ptr,
+          row0, panel) -> None:
+    """A `rows` x NR tile at (row0, panel): the K loop, then the stores."""
+    fma = _fma(b)
+    pre = b.block
+    loop = b.append_basic_block("gemm.k")
+    done = b.append_basic_block("gemm.store")
+    b.branch(loop)
+    b.position_at_end(loop)
+    p = b.phi(I64)
+    p.add_incoming(_i64(0), pre)
+    accs = []
+    for _ in range(rows * NV):
+        phi = b.phi(V16)
+        phi.add_incoming(ir.Constant(V16, None), pre)
+        accs.append(phi)
+    # panel row p: NR contiguous floats at ((panel * K) + p) * NR
+    prow = b.mul(b.add(b.mul(panel, _i64(shape.k)), p), _i64(NR))
+    bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * VEC))], source_etype=F32,
+                          inbounds=True), typ=V16, align=4) for v in range(NV)]
+    new = []
+    for r in range(rows):
+        a_off = b.add(b.mul(b.add(row0, _i64(r)), _i64(shape.k)), p)
+        a = b.load(b.gep(a_ptr, [a_off], source_etype=F32, inbounds=True), typ=F32)
+        s = _splat(b, a)
+        for v in range(NV):
+            new.append(b.call(fma, [s, bvecs[v], accs[r * NV + v]]))
+    nxt = b.add(p, _i64(1), flags=["nuw", "nsw"])
+    p.add_incoming(nxt, b.block)
+    for phi, x in zip(accs, new):
+        phi.add_incoming(x, b.block)
+    b.cbranch(b.icmp_unsigned("<", nxt, _i64(shape.k)), loop, done)
+    b.position_at_end(done)
+    _store_tile(b, shape, rows, new, c_ptr, row0, panel)
+
+
+def _store_tile(b: ir.IRBuilder, shape: GemmShape, rows: int, vals, c_ptr, row0,
+                panel) -> None:
+    """Write the tile; the last panel stores only its columns below N."""
+    last_cols = shape.n - (shape.panels - 1) * NR
+
+    def store(cols: int) -> None:
+        col0 = b.mul(panel, _i64(NR))
+        for r in range(rows):
+            base = b.add(b.mul(b.add(row0, _i64(r)), _i64(shape.n)), col0)
+            for v in range(NV):
+                lanes = min(max(cols - v * VEC, 0), VEC)
+                x = vals[r * NV + v]
+                off = b.add(base, _i64(v * VEC))
+                if lanes == VEC:
+                    b.store(x, b.gep(c_ptr, [off], source_etype=F32, inbounds=True), align=4)
+                for lane in range(lanes if lanes < VEC else 0):
+                    ptr = b.gep(c_ptr, [b.add(off, _i64(lane))], source_etype=F32,
+                                inbounds=True)
+                    b.store(b.extract_element(x, ir.Constant(I32, lane)), ptr)
+
+    if last_cols == NR:
+        store(NR)
+        return
+    is_last = b.icmp_unsigned("==", panel, _i64(shape.panels - 1))
+    with b.if_else(is_last) as (then, otherwise):
+        with then:
+            store(last_cols)
+        with otherwise:
+            store(NR)

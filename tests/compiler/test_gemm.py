@@ -1,0 +1,82 @@
+"""The packed float32 GEMM (compiler/kernels/gemm.py): which matmuls take it, packing,
+and its numbers against numpy at float64 for tile-aligned and ragged shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.codegen import compile_graph
+from compiler.codegen.compiled import PACKED
+from compiler.kernels import gemm
+from compiler.text import parse_graph
+
+
+def _matmul(a_shape, w_shape, w: np.ndarray | None = None):
+    out = a_shape[:-1] + (w_shape[-1],)
+    dims = lambda s: ",".join(map(str, s))  # noqa: E731
+    w_line = (f"  %w = const() {{value=@w}} : f32[{dims(w_shape)}]" if w is not None else "")
+    w_arg = "" if w is not None else f", %w: f32[{dims(w_shape)}]"
+    text = f"""
+graph mm(%a: f32[{dims(a_shape)}]{w_arg}) -> (%y) {{
+{w_line}
+  %y = matmul(%a, %w) : f32[{dims(out)}]
+}}
+"""
+    return parse_graph(text, {"w": w} if w is not None else None)
+
+
+def test_pack_b_panels_are_contiguous_and_zero_padded():
+    w = np.arange(3 * 40, dtype=np.float32).reshape(3, 40)
+    p = gemm.pack_b(w)
+    assert p.shape == (2, 3, gemm.NR) and p.flags.c_contiguous
+    np.testing.assert_array_equal(p[0], w[:, :gemm.NR])
+    np.testing.assert_array_equal(p[1, :, :40 - gemm.NR], w[:, gemm.NR:])
+    assert not p[1, :, 40 - gemm.NR:].any()
+
+
+def test_constant_weight_takes_the_packed_gemm_and_only_the_packed_copy_is_kept():
+    w = np.ones((8, 16), np.float32)
+    cg = compile_graph(_matmul((4, 8), (8, 16), w))
+    assert [k.kind for k in cg.kernels] == ["contraction"]
+    assert any(isinstance(s, tuple) and s[0] == PACKED for s in cg.slots)
+    assert not any(getattr(s, "name", None) == "w" for s in cg.slots)  # no unpacked copy
+    assert "llvm.fma.v16f32" in cg.llvm_ir
+
+
+def test_refusals_name_the_reason():
+    g = _matmul((4, 8), (8, 16))  # weight is an input: nothing to pack
+    node = next(n for n in g.nodes if n.op == "matmul")
+    assert "not a constant" in gemm.refusal(node)
+    assert "llvm.fma.v16f32" not in compile_graph(g).llvm_ir
+
+
+@pytest.mark.parametrize("a_shape,n", [
+    ((32, 768), 768),  # the MLP benchmark's Linear: whole tiles
+    ((5, 7), 9),  # smaller than one tile both ways
+    ((13, 33), 50),  # a row tail (13 % 12) and a column tail (50 % 32)
+    ((25, 64), 100),
+    ((1, 1), 1),
+    ((2, 3, 17), 40),  # batch dims fold into the rows
+])
+def test_numbers_match_numpy(a_shape, n):
+    rng = np.random.default_rng(0)
+    k = a_shape[-1]
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    y, = compile_graph(_matmul(a_shape, (k, n), w)).run([a])
+    want = a.astype(np.float64) @ w
+    # float32 products summed over k: error grows like sqrt(k) ulps of the row's scale
+    scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
+    np.testing.assert_allclose(y, want, rtol=0, atol=4e-7 * scale)
+
+
+def test_two_threads_match_one():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((96, 200)).astype(np.float32)
+    a = rng.standard_normal((70, 96)).astype(np.float32)
+    cg = compile_graph(_matmul((70, 96), (96, 200), w), threads=1)
+    one, = cg.run([a])
+    cg.set_threads(2)
+    two, = cg.run([a])
+    np.testing.assert_array_equal(one, two)
