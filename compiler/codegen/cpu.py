@@ -139,16 +139,20 @@ class Renderer:
             return idx
 
         registers: dict[Value, ir.Value] = {}
+        rows = _RowCache(b, k.row_cached, n_red)
         for level in k.levels:
             accs = [_Accumulator(b, r) for r in level]
 
             def step(b, j):
                 em = ElementEmitter(b, ptrs, registers)
                 idx = full_index(b, j)
+                rows.seed(b, em, idx, j)
                 for acc in accs:
                     acc.update(b, em.at(acc.node.inputs[0], idx), j)
+                rows.keep(b, em, idx, j)
 
             _loop(b, i64(0), i64(n_red), step)
+            rows.end_pass()
             for acc in accs:
                 registers[acc.node.outputs[0]] = acc.result(b)
         root = k.root
@@ -158,6 +162,7 @@ class Renderer:
             def write(b, j):
                 em = ElementEmitter(b, _without(ptrs, root), registers)
                 idx = full_index(b, j)
+                rows.seed(b, em, idx, j)
                 off = linear_index(b, idx, k.domain)
                 _store(b, ptrs[root], root.dtype, off, em.at(root, idx))
 
@@ -300,6 +305,37 @@ def _is_flat(k: Kernel) -> bool:
     return all(n.opdef.family is Family.ELEMENTWISE and
                all(u.shape == shape or u.type.size == 1 for u in n.inputs + n.outputs)
                for n in k.nodes)
+
+
+class _RowCache:
+    """Scratch rows for a row kernel's `row_cached` values (fuse.py): the first pass
+    that computes one at the pass's own index stores it; later passes load it there."""
+
+    def __init__(self, b: ir.IRBuilder, values: list[Value], n_red: int):
+        self.values, self.stored, self.pending = values, set(), set()
+        self.rows = {}
+        with b.goto_entry_block():  # one scratch row per value, on this thread's stack
+            for v in values:
+                self.rows[v] = b.alloca(llvm_type(v.dtype), size=i64(n_red))
+
+    def seed(self, b, em: ElementEmitter, idx: list, j) -> None:
+        """Offer the kept values to this pass's emitter, at the pass's index."""
+        for v in self.stored:
+            ptr = b.gep(self.rows[v], [j], source_etype=llvm_type(v.dtype), inbounds=True)
+            em.memo[(v, tuple(idx))] = b.load(ptr, typ=llvm_type(v.dtype))
+
+    def keep(self, b, em: ElementEmitter, idx: list, j) -> None:
+        """Store the kept values this pass computed at its index (not yet stored)."""
+        for v in self.values:
+            x = em.memo.get((v, tuple(idx)))
+            if v not in self.stored and x is not None:
+                b.store(x, b.gep(self.rows[v], [j], source_etype=llvm_type(v.dtype),
+                                 inbounds=True))
+                self.pending.add(v)
+
+    def end_pass(self) -> None:
+        self.stored |= self.pending
+        self.pending = set()
 
 
 class _Accumulator:

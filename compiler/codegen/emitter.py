@@ -18,6 +18,7 @@ from compiler import dtypes
 from compiler.codegen import ops_llvm
 from compiler.codegen.ops_llvm import I1, I64, llvm_type, storage_type
 from compiler.ir import IRError, Value
+from compiler.ops import Family
 
 
 def i64(n: int) -> ir.Constant:
@@ -99,6 +100,28 @@ class ElementEmitter:
             return handler(p, idx)
         args = [self.at(u, self._operand_index(idx, u, v)) for u in p.inputs]
         return ops_llvm.emit(self.b, p, args)
+
+    def _div(self, n, idx):
+        """x / y; where y is fixed for the whole row of a row kernel (softmax's sum, layer
+        norm's deviation), x * (1 / y): one division per row, hoisted out of the loop, and a
+        multiply per element, within 1 ulp of the division."""
+        out = n.outputs[0]
+        x, y = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)
+        if out.dtype in dtypes.FLOATS and self._row_invariant(n.inputs[1]):
+            return self.b.fmul(x, self.b.fdiv(ir.Constant(y.type, 1.0), y))
+        return ops_llvm.emit(self.b, n, [x, y])
+
+    def _row_invariant(self, v: Value) -> bool:
+        """Whether v is computed from reduction registers and scalar constants only."""
+        if v in self.registers:
+            return True
+        p = v.producer
+        if p is None or v in self.buffers:
+            return False
+        if p.op == "const":
+            return p.attrs["value"].size == 1
+        return bool(self.registers) and p.opdef.family is Family.ELEMENTWISE and all(
+            self._row_invariant(u) for u in p.inputs)
 
     # -- movement: index maps ------------------------------------------------
 

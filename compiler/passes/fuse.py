@@ -12,9 +12,11 @@ is one level later), then a last pass that writes the root's row. Softmax
 (max; sum of exp; normalize) is one kernel of three passes, layer norm (mean;
 variance; normalize, scale, shift) one of three; a reduction's result stays in
 a register for its row and is never materialized. Values read by several passes
-of one row kernel are recomputed in each pass: the row is still in cache, and
+of one row kernel are recomputed in each pass (the row is still in cache, and
 recomputation costs a few vector ops per element where a buffer would cost a
-store and a load.
+store and a load), except costly ones (an op of EXPENSIVE_OPS): those are kept
+for the row in a per-thread scratch row by the first pass that computes them
+(`Kernel.row_cached`), so softmax's exp runs once per element, not once per pass.
 
 A value is materialized (gets a buffer; `plan(graph).reasons` says why) when:
   - it is a cluster output;
@@ -36,6 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from compiler import dtypes
 from compiler.ir import Graph, Node, Value
 from compiler.ops import Family
 from compiler.ops.reduction import reduced_shape
@@ -44,6 +49,9 @@ from compiler.ops.reduction import reduced_shape
 EXPENSIVE_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "tan",
                            "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
                            "expm1", "log1p", "div", "sqrt", "gather"})
+# Bytes of scratch a row kernel may keep per thread for costly values read by several
+# passes (on the stack of each thread: a few rows of 4K floats, well inside L2).
+ROW_CACHE_BYTES = 1 << 16
 # A value read by several kernels whose inline expression has more ops than this
 # is materialized: past it, recomputation costs more than a store and a load.
 INLINE_COST = 8
@@ -74,6 +82,7 @@ class Kernel:
     domain: tuple | None = None
     axes: tuple = ()
     levels: list[list[Node]] = field(default_factory=list)
+    row_cached: list[Value] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -103,7 +112,8 @@ class FusionPlan:
         lines = []
         for i, k in enumerate(self.kernels):
             ops = " ".join(n.op for n in k.nodes)
-            lines.append(f"kernel {i} ({k.kind}) -> %{k.root.name}: {ops}")
+            kept = "".join(f"; %{v.name} kept per row" for v in k.row_cached)
+            lines.append(f"kernel {i} ({k.kind}) -> %{k.root.name}: {ops}{kept}")
         lines += [f"%{v.name} materialized: {r}" for v, r in self.reasons.items()]
         lines += [f"%{v.name} recomputed: {r}" for v, r in self.notes.items()]
         return "\n".join(lines)
@@ -148,7 +158,57 @@ def _make_kernel(root: Value, materialized: set) -> Kernel:
         last = reds[-1]  # the reduction nearest the root defines the rows
         k.domain, k.axes = last.inputs[0].shape, reduce_axes(last)
         k.levels = _levels(reds, set(nodes))
+        k.row_cached = _row_cached(k)
     return k
+
+
+def _row_cached(k: Kernel) -> list[Value]:
+    """Costly values of shape D that several passes of row kernel `k` read: each is kept
+    in a scratch row (outermost first: a value inside another kept one is not kept)."""
+    reads = [_pass_reads(k, starts) for starts in _pass_starts(k)]
+    nodes = set(k.nodes)
+    shared = [v for v in _values_of(k) if sum(v in r for r in reads) >= 2
+              and v.shape == k.domain and not is_reduction(v.producer)
+              and _costly_in(v, nodes)]
+    inner = {u for v in shared for u in _pass_reads(k, [v]) if u is not v}
+    row = int(np.prod([k.domain[d] for d in k.axes], dtype=np.int64))
+    kept, budget = [], ROW_CACHE_BYTES
+    for v in shared:
+        size = row * dtypes.itemsize(v.dtype)
+        if v not in inner and size <= budget:
+            kept.append(v)
+            budget -= size
+    return kept
+
+
+def _values_of(k: Kernel) -> list[Value]:
+    return [v for n in k.nodes for v in n.outputs]
+
+
+def _pass_reads(k: Kernel, starts: list[Value]) -> set[Value]:
+    """The kernel's values one pass computes from `starts` (it stops at buffers and at
+    reductions, whose results are registers by then)."""
+    nodes = set(k.nodes)
+    seen: set[Value] = set()
+    stack = list(starts)
+    while stack:
+        v = stack.pop()
+        if v in seen or v.producer not in nodes:
+            continue
+        seen.add(v)
+        if v in starts or not is_reduction(v.producer):
+            stack.extend(v.producer.inputs)
+    return seen
+
+
+def _costly_in(v: Value, nodes: set, memo: dict | None = None) -> bool:
+    """Whether computing `v` inside the kernel takes an op of EXPENSIVE_OPS."""
+    memo = {} if memo is None else memo
+    if v not in memo:
+        p = v.producer
+        memo[v] = p in nodes and not is_reduction(p) and (
+            p.op in EXPENSIVE_OPS or any(_costly_in(u, nodes, memo) for u in p.inputs))
+    return memo[v]
 
 
 def _levels(reds: list[Node], inside: set) -> list[list[Node]]:

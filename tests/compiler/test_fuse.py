@@ -299,3 +299,24 @@ graph res(%x: f32[4,64]) -> (%a, %b) {
     names = {v.name for v in p.materialized}
     assert "x1" in names and not {"e", "t"} & names
     _check_numbers(g)
+
+
+def test_softmax_keeps_exp_per_row_and_divides_once_per_row():
+    """exp is read by the sum's pass and the writing pass: the first stores it in a scratch
+    row, the second loads it; the division by the row's sum is one reciprocal per row."""
+    g = _graph(SOFTMAX)
+    k = plan(g).kernels[0]
+    assert [v.name for v in k.row_cached] == ["e"]
+    assert "%e kept per row" in plan(g).explain()
+    ir_text = compile_graph(g).llvm_ir
+    assert ir_text.count("alloca float, i64 100") == 1
+    assert ir_text.count("fdiv float 0x3ff0000000000000") == ir_text.count("fdiv") == 1
+    _check_numbers(g)
+
+
+def test_cheap_values_and_oversized_rows_are_not_kept():
+    """Layer norm's x - mean is cheap: recomputed per pass. A row beyond ROW_CACHE_BYTES
+    is recomputed too (the scratch lives on each thread's stack)."""
+    assert plan(_graph(LAYER_NORM)).kernels[0].row_cached == []
+    big = _graph(SOFTMAX.replace("100", "40000"))
+    assert plan(big).kernels[0].row_cached == []
