@@ -3,8 +3,11 @@
     import bridge
     m = bridge.compile_onnx("model.onnx")   # target="cpu", allow_fallback=True, threads=2
     y, = m(x)
+    m.save("model.braze")                  # every shape compiled so far, one file
+    m2 = bridge.load("model.braze")        # in another process: no recompiling
 """
 
+from bridge.artifact import LoadedModel, load
 from bridge.onnx_api import CompiledOnnxModel, compile_onnx
 from compiler.errors import (
     ArtifactError,
@@ -23,7 +26,9 @@ __all__ = [
     "CompiledOnnxModel",
     "InputError",
     "InvalidModelError",
+    "LoadedModel",
     "ModelLoadError",
     "UnsupportedModelError",
     "compile_onnx",
+    "load",
 ]

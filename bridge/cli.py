@@ -1,4 +1,4 @@
-"""The `braze` command line: optimize, explain, run (and compile) ONNX models.
+"""The `braze` command line: optimize, explain, compile and run ONNX models.
 
 Every command turns a braze error into one clear line on stderr and exit
 status 1 (2 for bad usage, as argparse does); `--debug` shows the traceback.
@@ -52,9 +52,24 @@ def _parser() -> argparse.ArgumentParser:
     _add_shapes(p)
     _add_common(p)
 
+    p = sub.add_parser("compile", help="compile an ONNX model into a .braze artifact",
+                       description="Compile the model for this machine's CPU at its static "
+                       "input shapes (or those given with --shape) and write one file "
+                       "that `braze run` and bridge.load() run without recompiling. The "
+                       "artifact only loads with this braze version on this CPU.")
+    p.add_argument("input", help="the ONNX model to compile")
+    p.add_argument("-o", "--output", required=True, help="where to write the .braze artifact")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="fail instead of leaving any node to onnxruntime")
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads the artifact runs with (default 2)")
+    _add_shapes(p)
+    _add_common(p)
+
     p = sub.add_parser("run", help="run a model (ONNX or a .braze artifact) on .npy inputs",
                        description="Run a model and print each output's name, shape, dtype "
-                       "and a short summary. Inputs come from .npy files.")
+                       "and a short summary. Inputs come from .npy files. An ONNX model is "
+                       "compiled first; a .braze artifact (`braze compile`) runs as saved.")
     p.add_argument("input", help="an ONNX model or a compiled .braze artifact")
     p.add_argument("--input", dest="inputs", action="append", default=[],
                    metavar="NAME=FILE.npy", help="an input value (repeatable)")
@@ -63,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="save each output as NAME.npy in this directory")
     p.add_argument("--no-fallback", action="store_true",
                    help="fail instead of running any node on onnxruntime")
-    p.add_argument("--threads", type=int, default=2, help="threads (default 2)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads (default 2; for an artifact, the threads it was compiled for)")
     _add_common(p)
     return ap
 

@@ -43,19 +43,23 @@ def random_inputs(model, shapes: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random data for each input, by its ONNX element type."""
     import onnx.helper
 
+    np_dtypes = {inp.name: onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+                 for inp in model.graph.input if inp.name in shapes}
+    return random_arrays(np_dtypes, shapes, seed)
+
+
+def random_arrays(np_dtypes: dict, shapes: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random data for each named input (name -> numpy dtype, in input order)."""
     rng = np.random.default_rng(seed)
     out = {}
-    for inp in model.graph.input:
-        if inp.name not in shapes:
-            continue
-        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
-        shape = shapes[inp.name]
+    for name, np_dtype in np_dtypes.items():
+        np_dtype, shape = np.dtype(np_dtype), shapes[name]
         if np_dtype.kind == "f":
-            out[inp.name] = rng.standard_normal(shape).astype(np_dtype)
+            out[name] = rng.standard_normal(shape).astype(np_dtype)
         elif np_dtype.kind == "b":
-            out[inp.name] = rng.integers(0, 2, shape).astype(bool)
+            out[name] = rng.integers(0, 2, shape).astype(bool)
         else:
-            out[inp.name] = rng.integers(0, 2, shape).astype(np_dtype)
+            out[name] = rng.integers(0, 2, shape).astype(np_dtype)
     return out
 
 
@@ -173,28 +177,53 @@ def _summary(a: np.ndarray) -> str:
     return f"{a.reshape(-1)[:3].tolist()}..."
 
 
+def cmd_compile(args) -> int:
+    import bridge
+    from bridge.cli import parse_shapes
+    from importers.onnx import load_model
+
+    src, out = Path(args.input), Path(args.output)
+    t0 = time.perf_counter()
+    model = load_model(src)
+    shapes = concrete_shapes(model, parse_shapes(args.shape))
+    compiled = bridge.compile_onnx(model, allow_fallback=not args.no_fallback,
+                                   threads=args.threads)
+    compiled.save(out, input_shapes=shapes)
+    clusters = [c for s in compiled.saved_specializations() for c in s.clusters]
+    host = sum(not c.compiled for c in clusters)
+    print(f"{src} -> {out} ({out.stat().st_size / 1e6:.2f} MB, "
+          f"{time.perf_counter() - t0:.1f} s)")
+    print(f"input shapes: {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}")
+    print(f"clusters: {len(clusters) - host} compiled by braze, {host} on onnxruntime")
+    return 0
+
+
 def cmd_run(args) -> int:
     import bridge
+    from runtime.artifact import looks_like_artifact
 
     path = Path(args.input)
     feeds = _load_inputs(args.inputs)
-    if path.suffix == ".braze":
-        compiled = bridge.load(path)
+    t0 = time.perf_counter()
+    if looks_like_artifact(path):
+        compiled = _load_artifact(path, args, feeds)
+        note = f"loaded in {(time.perf_counter() - t0) * 1e3:.1f} ms"
     else:
         compiled = bridge.compile_onnx(path, allow_fallback=not args.no_fallback,
-                                       threads=args.threads)
-    if args.random:
-        from importers.onnx import load_model
+                                       threads=2 if args.threads is None else args.threads)
+        note = "compile included"
+        if args.random:
+            from importers.onnx import load_model
 
-        model = load_model(path)
-        missing = {k: v for k, v in _declared_shapes(model).items() if k not in feeds}
-        feeds.update(random_inputs(model, missing))
+            model = load_model(path)
+            missing = {k: v for k, v in _declared_shapes(model).items() if k not in feeds}
+            feeds.update(random_inputs(model, missing))
     t0 = time.perf_counter()
     outputs = compiled(**feeds)
     ms = (time.perf_counter() - t0) * 1e3
     for name, a in zip(compiled.output_names, outputs):
         print(f"{name}: {dtypes.from_numpy(a.dtype)}{list(a.shape)}  {_summary(a)}")
-    print(f"({ms:.1f} ms, compile included)")
+    print(f"({ms:.1f} ms, {note})")
     if args.output_dir:
         d = Path(args.output_dir)
         d.mkdir(parents=True, exist_ok=True)
@@ -203,6 +232,23 @@ def cmd_run(args) -> int:
             np.save(d / f"{safe}.npy", a)
         print(f"outputs saved in {d}")
     return 0
+
+
+def _load_artifact(path: Path, args, feeds: dict):
+    """bridge.load, honouring --no-fallback, and --random at the first saved shapes."""
+    import bridge
+    from compiler.errors import CompileError
+
+    compiled = bridge.load(path, threads=args.threads)
+    if args.no_fallback and compiled.host_steps:
+        raise CompileError(f"{path} runs {compiled.host_steps} step(s) on onnxruntime; "
+                           "compile it with --no-fallback")
+    if args.random:
+        shapes = compiled.saved_shapes[0]
+        np_dtypes = {s.name: s.dtype for s in compiled.input_specs
+                     if s.name in shapes and s.name not in feeds and s.dtype is not None}
+        feeds.update(random_arrays(np_dtypes, shapes))
+    return compiled
 
 
 def _declared_shapes(model) -> dict:

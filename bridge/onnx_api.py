@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bridge.inputs import bind_inputs, input_spec
 from compiler.errors import BrazeError, CompileError, InputError
 from compiler.ir import Graph
 from compiler.passes.cluster import (
@@ -101,15 +102,11 @@ def first_refusal(clusters: list[Cluster]) -> str | None:
     return None
 
 
-def make_step(cluster: Cluster, graph: Graph, target: str, threads: int, opset: int):
-    """The runtime step for one cluster: braze's kernels or an onnxruntime session."""
-    sub = outline(graph, cluster)
-    if cluster.compiled:
-        from compiler.codegen import compile_graph
+def compile_cluster(sub: Graph, target: str, threads: int):
+    """braze's kernels for a compiled cluster's sub-graph (a CompiledGraph)."""
+    from compiler.codegen import compile_graph
 
-        compiled = compile_graph(sub, target=target, threads=threads, cache=compile_cache())
-        return compiled.run
-    return host_step(sub, threads, opset)
+    return compile_graph(sub, target=target, threads=threads, cache=compile_cache())
 
 
 def host_step(sub: Graph, threads: int, opset: int):
@@ -139,7 +136,12 @@ class _Specialization:
         from runtime.executable import build_executable
 
         imported = import_onnx(model, input_shapes=shapes, input_values=values)
+        self.shapes, self.values = shapes, values
         self.graph = imported.graph
+        self.opset = imported.opset
+        # per cluster, in step order: (sub-graph, its CompiledGraph or None for the host);
+        # what save() writes
+        self.parts: list[tuple[Graph, object]] = []
         self.input_names = imported.input_names  # the model inputs the executable takes
         self.value_inputs = [n for n in imported.value_inputs if n not in values]
         self.clusters = plan(self.graph, target, opts.allow_fallback)
@@ -148,8 +150,14 @@ class _Specialization:
             raise CompileError(f"{self.refusal} (allow_fallback=False)")
         # with value_inputs, the caller builds a value-specialized one: nothing to run here
         self.executable = None if self.refusal or self.value_inputs else build_executable(
-            self.graph, self.clusters,
-            lambda c: make_step(c, self.graph, target, opts.threads, imported.opset))
+            self.graph, self.clusters, lambda c: self._step(c, target, opts.threads))
+
+    def _step(self, cluster: Cluster, target: str, threads: int):
+        """The runtime step for one cluster: braze's kernels or an onnxruntime session."""
+        sub = outline(self.graph, cluster)
+        compiled = compile_cluster(sub, target, threads) if cluster.compiled else None
+        self.parts.append((sub, compiled))
+        return compiled.run if compiled else host_step(sub, threads, self.opset)
 
 
 class CompiledOnnxModel:
@@ -168,7 +176,7 @@ class CompiledOnnxModel:
         inits = {t.name for t in self._model.graph.initializer}
         self._inputs = [vi for vi in self._model.graph.input if vi.name not in inits]
         self.input_names = [vi.name for vi in self._inputs]
-        self._input_specs = [_input_spec(vi) for vi in self._inputs]
+        self.input_specs = [input_spec(vi) for vi in self._inputs]
         self.output_names = [o.name for o in self._model.graph.output]
         self._specs: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -176,57 +184,10 @@ class CompiledOnnxModel:
     # -- calling ------------------------------------------------------------
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
-        arrays = self._bind(args, kwargs)
+        arrays = bind_inputs(self.input_specs, args, kwargs)
         spec = self._specialize(arrays)
         by_name = dict(zip(self.input_names, arrays))
         return spec.executable.run([by_name[n] for n in spec.input_names])
-
-    def _bind(self, args, kwargs) -> list:
-        if len(args) > len(self.input_names):
-            raise InputError(f"model takes {len(self.input_names)} input(s) "
-                             f"({', '.join(self.input_names)}), got {len(args)} positional")
-        given = dict(zip(self.input_names, args))
-        for k, v in kwargs.items():
-            if k not in self.input_names:
-                raise InputError(f"unknown input {k!r}; the model's inputs are "
-                                 f"{', '.join(self.input_names)}")
-            if k in given:
-                raise InputError(f"input {k!r} given twice (positionally and by name)")
-            given[k] = v
-        missing = [n for n in self.input_names if n not in given]
-        if missing:
-            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}; "
-                             f"expected {', '.join(self._describe(vi) for vi in self._inputs)}")
-        return [self._check(spec, given[spec[0].name]) for spec in self._input_specs]
-
-    @staticmethod
-    def _describe(vi) -> str:
-        tt = vi.type.tensor_type
-        if vi.type.WhichOneof("value") != "tensor_type":
-            return f"{vi.name} (non-tensor)"
-        dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
-                for d in tt.shape.dim]
-        return f"{vi.name}: {_np_name(tt.elem_type)}[{','.join(dims)}]"
-
-    def _check(self, spec, value):
-        """The input as an array of the declared dtype and rank (InputError otherwise)."""
-        vi, want, dims = spec
-        if dims is None:
-            return value  # sequences, optionals: onnxruntime checks them
-        if not isinstance(value, np.ndarray):
-            value = np.asarray(value, dtype=want)
-        if want is not None and value.dtype != want:
-            raise InputError(f"input {vi.name!r} must be {want}, got {value.dtype}")
-        if dims is _ANY_RANK:
-            return value
-        if len(dims) != value.ndim:
-            raise InputError(f"input {vi.name!r} must have rank {len(dims)} "
-                             f"({self._describe(vi)}), got shape {value.shape}")
-        for i, (d, n) in enumerate(zip(dims, value.shape)):
-            if d is not None and d != n:
-                raise InputError(f"input {vi.name!r} dim {i} must be {d} "
-                                 f"({self._describe(vi)}), got shape {value.shape}")
-        return value
 
     def _specialize(self, arrays: list) -> _Specialization:
         """The specialization for these inputs' shapes; if converting needs the values of
@@ -260,6 +221,54 @@ class CompiledOnnxModel:
         while len(self._specs) > MAX_SPECIALIZATIONS:
             self._specs.popitem(last=False)
         return spec
+
+    # -- artifacts ----------------------------------------------------------
+
+    def save(self, path, input_shapes: dict | None = None) -> None:
+        """Write every specialization compiled so far to one artifact file (bridge.load
+        runs it in another process without recompiling). `input_shapes` (name -> shape)
+        compiles those shapes first; with nothing compiled yet and no `input_shapes`, the
+        model's declared static shapes."""
+        from bridge.artifact import save_model
+
+        with self._lock:
+            if input_shapes is not None or not self.saved_specializations():
+                self._compile_shapes(self._shapes_to_save(input_shapes or {}))
+            specs = self.saved_specializations()
+        save_model(self, specs, path)
+
+    def saved_specializations(self) -> list[_Specialization]:
+        """The specializations save() writes: those with something to run."""
+        return [s for s in self._specs.values() if s.executable is not None]
+
+    def _shapes_to_save(self, given: dict) -> dict:
+        unknown = sorted(set(given) - set(self.input_names))
+        if unknown:
+            raise InputError(f"input_shapes names no input of the model: {', '.join(unknown)}; "
+                             f"its inputs are {', '.join(self.input_names)}")
+        shapes = {}
+        for spec in self.input_specs:
+            if spec.name in given:
+                shapes[spec.name] = tuple(int(d) for d in given[spec.name])
+            elif isinstance(spec.dims, tuple) and None not in spec.dims:
+                shapes[spec.name] = spec.dims
+            elif spec.dims is not None:
+                raise BrazeError(f"nothing to save: no shapes compiled yet and input "
+                                 f"{spec.text} has no static shape; call the model once or "
+                                 f"pass input_shapes={{{spec.name!r}: (...)}} to save()")
+        return shapes
+
+    def _compile_shapes(self, shapes: dict) -> None:
+        """Compile for these shapes (the caller holds the lock)."""
+        key = tuple(sorted(shapes.items()))
+        spec = self._lookup(key) or self._build(key, shapes, {})
+        if spec.value_inputs and not any(s.shapes == shapes
+                                         for s in self.saved_specializations()):
+            raise BrazeError(f"cannot compile from shapes alone: braze needs the values of "
+                             f"input(s) {', '.join(spec.value_inputs)}; call the model with "
+                             "example inputs before save()")
+        if spec.refusal:
+            raise CompileError(f"{spec.refusal} (allow_fallback=False)")
 
     # -- introspection ------------------------------------------------------
 
@@ -312,35 +321,6 @@ def partition_report(clusters: list[Cluster]) -> dict:
         "nodes": nodes,
         "compiled_nodes": nodes - len(not_compiled),
     }
-
-
-_ANY_RANK = "any rank"  # marker: the model declares no shape for this input
-
-
-def _input_spec(vi) -> tuple:
-    """(ValueInfo, numpy dtype, dims) for checking calls: dims None for non-tensors, a
-    tuple with None for symbolic dims, _ANY_RANK when no shape is declared."""
-    if vi.type.WhichOneof("value") != "tensor_type":
-        return vi, None, None
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return vi, _np_dtype(tt.elem_type), _ANY_RANK
-    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
-    return vi, _np_dtype(tt.elem_type), dims
-
-
-def _np_dtype(elem_type: int):
-    import onnx.helper
-
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _np_name(elem_type: int) -> str:
-    dt = _np_dtype(elem_type)
-    return str(dt) if dt is not None else "?"
 
 
 def compile_onnx(model_or_path, target: str = "cpu", **options) -> CompiledOnnxModel:

@@ -30,8 +30,8 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 
 # -- printing -------------------------------------------------------------
 
-def _name(v: Value) -> str:
-    return "%" + (v.name if _IDENT.match(v.name) else json.dumps(v.name))
+def _name(v: Value, sigil: str = "%") -> str:
+    return sigil + (v.name if _IDENT.match(v.name) else json.dumps(v.name))
 
 
 def _float(x: float) -> str:
@@ -65,7 +65,7 @@ def _array(arr: np.ndarray) -> str:
 
 def _attr(key: str, value, node: Node) -> str:
     if isinstance(value, np.ndarray):
-        return f"@{node.outputs[0].name}" if value.size > INLINE_LIMIT else _array(value)
+        return _name(node.outputs[0], "@") if value.size > INLINE_LIMIT else _array(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(_scalar(x) for x in value) + "]"
     return _scalar(value)

@@ -37,6 +37,16 @@ def test_text_round_trip():
     assert print_graph(clone(g)) == text
 
 
+def test_text_round_trip_of_large_constants_with_odd_names():
+    """ONNX initializers may be named "1" or "w:0": their side-table refs are quoted."""
+    g = Graph()
+    x = g.add_input("x", TensorType("f32", (20,)))
+    g.outputs = [g.op("add", x, g.const(np.arange(20, dtype=np.float32), "1"))]
+    text = print_graph(g)
+    assert '@"1"' in text
+    assert parse_graph(text, constants(g)) == g
+
+
 def test_golden_text():
     g = Graph()
     x = g.add_input("x", TensorType("f32", (4,)))
