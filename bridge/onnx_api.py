@@ -88,7 +88,19 @@ def plan(graph: Graph, target: str, allow_fallback: bool = True) -> list[Cluster
     """Passes, then clusters of `graph` for `target` (without fallback, no cheap op is
     moved to the host: every refusal is then a real one)."""
     run_pipeline(graph)
+    run_target_passes(graph, target)
     return partition(graph, codegen_supports(target), demote_cheap=allow_fallback)
+
+
+def run_target_passes(graph: Graph, target: str) -> None:
+    """Passes that depend on what the target compiles: channels-last conv chains."""
+    try:
+        from compiler.codegen import channels_last_refusal
+    except ImportError:
+        return
+    from compiler.passes.layout import channels_last
+
+    channels_last(graph, lambda node: channels_last_refusal(node, target))
 
 
 def first_refusal(clusters: list[Cluster]) -> str | None:

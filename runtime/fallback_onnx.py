@@ -241,20 +241,31 @@ def _window_attrs(n) -> dict:
             "dilations": list(n.attrs["dilations"])}
 
 
+def _windowed(em, n, ins, outs, op_type: str, **attrs):
+    """A conv/pool node; channels-last ones (layout pass) between two Transposes."""
+    if n.attrs["layout"] != "NHWC":
+        return em.add(op_type, ins, outs, **attrs)
+    rank = len(n.inputs[0].shape)
+    x = em.add("Transpose", [ins[0]], perm=[0, rank - 1] + list(range(1, rank - 1)))
+    y = em.add(op_type, [x] + ins[1:], **attrs)
+    em.add("Transpose", [y], outs, perm=[0] + list(range(2, rank)) + [1])
+
+
 def _conv(em, n, ins, outs):
-    em.add("Conv", ins, outs, group=n.attrs["group"], **_window_attrs(n))
+    _windowed(em, n, ins, outs, "Conv", group=n.attrs["group"], **_window_attrs(n))
 
 
 def _max_pool(em, n, ins, outs):
-    em.add("MaxPool", ins, outs, kernel_shape=list(n.attrs["kernel"]), **_window_attrs(n))
+    _windowed(em, n, ins, outs, "MaxPool", kernel_shape=list(n.attrs["kernel"]),
+              **_window_attrs(n))
 
 
 def _avg_pool(em, n, ins, outs):
     attrs = _window_attrs(n)
     if all(d == 1 for d in attrs["dilations"]):
         del attrs["dilations"]  # AveragePool takes dilations from opset 19 only
-    em.add("AveragePool", ins, outs, kernel_shape=list(n.attrs["kernel"]),
-           count_include_pad=int(n.attrs["count_include_pad"]), **attrs)
+    _windowed(em, n, ins, outs, "AveragePool", kernel_shape=list(n.attrs["kernel"]),
+              count_include_pad=int(n.attrs["count_include_pad"]), **attrs)
 
 
 _EXPORTERS = {

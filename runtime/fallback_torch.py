@@ -199,6 +199,15 @@ def _avg_pool(node, x):
     return total / fn(ones, a["kernel"], a["strides"], 0, divisor_override=1)
 
 
+def _channels_first(fn: Callable) -> Callable:
+    """Run a conv/pool through its NCHW definition when the layout pass made it NHWC."""
+    def run(node, x, *rest):
+        if node.attrs["layout"] != "NHWC":
+            return fn(node, x, *rest)
+        return fn(node, torch.movedim(x, -1, 1), *rest).movedim(1, -1).contiguous()
+    return run
+
+
 _IR_OPS: dict[str, Callable] = {
     **{k: (lambda f: lambda node, x: f(x))(f) for k, f in _UNARY.items()},
     **{k: (lambda f: lambda node, a, b: f(a, b))(f) for k, f in _BINARY.items()},
@@ -215,9 +224,9 @@ _IR_OPS: dict[str, Callable] = {
     "pad": _pad,
     "gather": _gather,
     "matmul": lambda node, a, b: torch.matmul(a, b),
-    "conv": _conv,
-    "max_pool": _max_pool,
-    "avg_pool": _avg_pool,
+    "conv": _channels_first(_conv),
+    "max_pool": _channels_first(_max_pool),
+    "avg_pool": _channels_first(_avg_pool),
 }
 
 

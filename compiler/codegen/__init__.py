@@ -3,7 +3,8 @@
 `supports(node, target)` is the one registry that decides compile-or-fallback
 per node (inductor's lowerings/make_fallback): None when braze's codegen emits
 the node, else the sentence saying why not. `compile_graph` turns a cluster's
-sub-graph into a CompiledGraph (compiler/codegen/compiled.py).
+sub-graph into a CompiledGraph (compiler/codegen/compiled.py) for the CPU, or a
+CudaProgram (PTX: compiler/codegen/cuda.py; runtime/cuda.py runs it) for "cuda".
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from compiler.errors import CompileError
 from compiler.ir import Graph, Node
 from compiler.ops import Family
 
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda")
 
 _LIBRARY_CLASS = "library-class op {op}: not yet compiled by braze (runs on the host library)"
 
@@ -25,8 +26,18 @@ def supports(node: Node, target: str = "cpu") -> str | None:
     family = node.opdef.family
     if family is Family.HOST:
         return node.attrs.get("reason") or "host op"
-    if family is Family.POOL or (family is Family.CONTRACTION and node.op != "matmul"):
-        return _LIBRARY_CLASS.format(op=node.op)
+    if target == "cuda":
+        from compiler.codegen import cuda
+
+        reason = cuda.refusal(node)  # library-class ops; libm calls without libdevice
+        if reason is not None:
+            return reason
+    if node.op in ("conv", "max_pool", "avg_pool"):
+        reason = channels_last_refusal(node, target)
+        if reason is None and node.attrs["layout"] != "NHWC":
+            reason = "NCHW: braze compiles it channels-last (the layout pass sets that)"
+        if reason is not None:
+            return _LIBRARY_CLASS.format(op=node.op) + f": {reason}"
     for v in list(node.inputs) + list(node.outputs):
         if v.dtype not in SUPPORTED_DTYPES:
             return f"dtype {v.dtype} of %{v.name} is not compiled by braze"
@@ -37,17 +48,41 @@ def supports(node: Node, target: str = "cpu") -> str | None:
     return None
 
 
-def compile_graph(subgraph: Graph, target: str = "cpu", threads: int = 2, cache=None):
-    """Compile a cluster's sub-graph into a CompiledGraph (`.run(arrays) -> arrays`).
+def channels_last_refusal(node: Node, target: str = "cpu") -> str | None:
+    """None if braze compiles conv/pool `node` channels-last for `target`, else why not
+    (the layout pass converts exactly these; compiler/kernels/conv.py runs the convs)."""
+    if target not in TARGETS:
+        return f"no braze codegen for target {target!r}"
+    if target == "cuda":
+        return "channels-last conv and pooling kernels are CPU-only"
+    x = node.inputs[0]
+    if len(x.shape) != 4 or not x.type.static:
+        return f"{len(x.shape) - 2}-d windows: braze compiles 2-d ones"
+    if node.op != "conv":
+        return None if x.dtype in ("f32", "f64") else f"dtype {x.dtype}"
+    from compiler.kernels import conv
+
+    return conv.refusal(node)
+
+
+def compile_graph(subgraph: Graph, target: str = "cpu", threads: int = 2, cache=None,
+                  arch: str | None = None):
+    """Compile a cluster's sub-graph into a CompiledGraph (`.run(arrays) -> arrays`), or for
+    target "cuda" into a CudaProgram (PTX for `arch`, default sm_80; needs no GPU).
 
     `threads`: threads for big kernels (CompiledGraph.set_threads changes it);
-    `cache`: any object with get(key)/put(key, bytes) for the object code.
+    `cache`: any object with get(key)/put(key, bytes) for the object code (or PTX).
     CompileError names the first node braze cannot compile, and why.
     """
-    from compiler.codegen.compiled import CompiledGraph
-
     for n in subgraph.nodes:
         reason = supports(n, target)
         if reason is not None:
             raise CompileError(f"cannot compile {n.describe()} for {target}: {reason}")
+    if target == "cuda":
+        from compiler.codegen.cuda import compile_cuda
+        from compiler.codegen.nvptx import DEFAULT_ARCH
+
+        return compile_cuda(subgraph, arch=arch or DEFAULT_ARCH, cache=cache)
+    from compiler.codegen.compiled import CompiledGraph
+
     return CompiledGraph(subgraph, threads=threads, cache=cache)

@@ -25,7 +25,7 @@ from compiler.codegen import llvm_cpu
 from compiler.codegen.cpu import PACKED, Renderer
 from compiler.errors import CompileError, InputError
 from compiler.ir import Graph, Value
-from compiler.kernels import gemm
+from compiler.kernels import conv, gemm
 from compiler.passes.fuse import FusionPlan, plan
 
 ALIGN = 64  # arena buffers start on cache lines
@@ -213,25 +213,38 @@ class OutputPool:
         return block
 
 
+def packers(node) -> dict:
+    """Input position -> how that constant input is packed for braze's kernel of `node`
+    (empty when the node runs on a kernel reading its inputs as they are)."""
+    if node.op == "matmul" and gemm.refusal(node) is None:
+        return {1: gemm.pack_b}
+    if node.op == "conv" and conv.refusal(node) is None:
+        return {1: conv.pack_weight, 2: conv.pack_bias}
+    return {}
+
+
 def packed_operands(kernels) -> dict:
-    """(PACKED, weight) -> the weight packed for gemm.py, for each matmul kernel that runs
-    on the packed GEMM (packing happens here, once, at compile time)."""
+    """(PACKED, constant) -> its packed array, for the kernels that read packed operands
+    (packing happens here, once, at compile time)."""
     out = {}
     for k in kernels:
         node = k.root.producer
-        if k.kind == "contraction" and gemm.refusal(node) is None:
-            w = node.inputs[1]
-            out.setdefault((PACKED, w), gemm.pack_b(np.asarray(w.producer.attrs["value"])))
+        if k.kind != "contraction":
+            continue
+        for i, pack in packers(node).items():
+            if i < len(node.inputs):
+                v = node.inputs[i]
+                out.setdefault((PACKED, v), pack(np.asarray(v.producer.attrs["value"])))
     return out
 
 
 def _read_unpacked(v: Value, graph: Graph) -> bool:
-    """Whether constant `v` is read other than as the weight of a packed-GEMM matmul."""
+    """Whether constant `v` is read other than as a packed operand."""
     if v in graph.outputs:
         return True
     for n in graph.nodes:
         for i, u in enumerate(n.inputs):
-            if u is v and not (i == 1 and n.op == "matmul" and gemm.refusal(n) is None):
+            if u is v and i not in packers(n):
                 return True
     return False
 

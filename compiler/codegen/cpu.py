@@ -29,7 +29,7 @@ from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delineari
 from compiler.codegen.ops_llvm import (I32, I64, binary_float, binary_int, llvm_type,
                                        storage_type)
 from compiler.ir import Graph, Value
-from compiler.kernels import gemm
+from compiler.kernels import conv, gemm
 from compiler.ops import Family
 from compiler.passes.fuse import Kernel
 
@@ -66,13 +66,23 @@ class Renderer:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptrs = self._buffers(b, bufs, _leaves(k, self.slots) + [k.root])
         root = k.root
-        if k.kind == "contraction" and gemm.refusal(root.producer) is None:
+        if k.kind == "contraction" and root.producer.op == "matmul" \
+                and gemm.refusal(root.producer) is None:
             shape = gemm.GemmShape.of(root.producer)
             outer, work = shape.items, shape.m * shape.n * shape.k
             a, w = root.producer.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
             _loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
                                                          ptrs[root], o))
+        elif k.kind == "contraction" and root.producer.op == "conv":
+            shape = conv.ConvShape.of(root.producer)
+            outer, work = shape.items, shape.macs
+            x, w = root.producer.inputs[:2]
+            extra = [(PACKED, u) for u in root.producer.inputs[1:]]
+            packed = self._buffers(b, bufs, extra)
+            bias = packed[extra[1]] if len(extra) > 1 else None
+            _loop(b, lo, hi, lambda b, o: conv.emit_item(b, shape, ptrs[x], packed[extra[0]],
+                                                         bias, ptrs[root], o))
         elif k.kind == "contraction":
             outer = int(np.prod(root.shape[:-1], dtype=np.int64))
             work = root.type.size * root.producer.inputs[0].shape[-1]

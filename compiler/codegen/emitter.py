@@ -160,6 +160,46 @@ class ElementEmitter:
         j = self.b.select(self.b.icmp_signed(">=", j, size), self.b.sub(size, i64(1)), j)
         return self.at(data, idx[:axis] + [j] + idx[axis + r:])
 
+    # -- pooling (channels-last: idx is [n, y, x, c]) ------------------------
+
+    def _window(self, n, idx):
+        """(element, inside) for each window position of pool node n at output idx; outside
+        the image the element is read at a clamped index and `inside` is false."""
+        a = n.attrs
+        x = n.inputs[0]
+        h, w = x.shape[1:3]
+        b = self.b
+        out = []
+        for ky in range(a["kernel"][0]):
+            for kx in range(a["kernel"][1]):
+                iy = b.add(b.mul(idx[1], i64(a["strides"][0])),
+                           i64(ky * a["dilations"][0] - a["pads"][0]))
+                ix = b.add(b.mul(idx[2], i64(a["strides"][1])),
+                           i64(kx * a["dilations"][1] - a["pads"][1]))
+                inside = b.and_(b.icmp_unsigned("<", iy, i64(h)),
+                                b.icmp_unsigned("<", ix, i64(w)))
+                iy, ix = b.select(inside, iy, i64(0)), b.select(inside, ix, i64(0))
+                out.append((self.at(x, [idx[0], iy, ix, idx[3]]), inside))
+        return out
+
+    def _max_pool(self, n, idx):
+        dtype = n.outputs[0].dtype
+        best = scalar_constant(-np.inf, dtype)
+        for v, inside in self._window(n, idx):
+            best = self.b.select(inside, ops_llvm.binary_float(self.b, "max", best, v), best)
+        return best
+
+    def _avg_pool(self, n, idx):
+        b = self.b
+        dtype = n.outputs[0].dtype
+        total, count = scalar_constant(0.0, dtype), scalar_constant(0.0, dtype)
+        for v, inside in self._window(n, idx):
+            total = b.fadd(total, b.select(inside, v, scalar_constant(0.0, dtype)))
+            count = b.fadd(count, b.uitofp(inside, llvm_type(dtype)))
+        if n.attrs["count_include_pad"]:
+            count = scalar_constant(float(np.prod(n.attrs["kernel"])), dtype)
+        return b.fdiv(total, count)
+
     def _select(self, n, idx):
         out = n.outputs[0]
         c, a, b_ = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)

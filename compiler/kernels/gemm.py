@@ -105,66 +105,104 @@ def _splat(b: ir.IRBuilder, x):
 
 def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item) -> None:
     """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`."""
-    rb = b.urem(item, _i64(shape.row_blocks))
-    panel = b.udiv(item, _i64(shape.row_blocks))
+    def tile(b, rows, row0, panel):
+        def row_ptrs(b, kk):
+            return [b.gep(a_ptr, [b.mul(b.add(row0, _i64(r)), _i64(shape.k))],
+                          source_etype=F32, inbounds=True) for r in range(rows)]
+
+        vals = accumulate(b, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1, shape.k,
+                          row_ptrs)
+        store_tile(b, shape.n, rows, vals, c_ptr, row0, panel)
+
+    for_each_tile(b, shape.m, shape.n, item, tile)
+
+
+def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile) -> None:
+    """Work item `item` -> tile(b, rows, row0, panel), rows = MR or the last block's."""
+    blocks = -(-m // MR)
+    rb = b.urem(item, _i64(blocks))
+    panel = b.udiv(item, _i64(blocks))
     row0 = b.mul(rb, _i64(MR))
-    tail = shape.m % MR
+    tail = m % MR
     if tail == 0:
-        _tile(b, shape, MR, a_ptr, packed_ptr, c_ptr, row0, panel)
+        tile(b, MR, row0, panel)
         return
-    is_tail = b.icmp_unsigned("==", rb, _i64(shape.row_blocks - 1))
+    is_tail = b.icmp_unsigned("==", rb, _i64(blocks - 1))
     with b.if_else(is_tail) as (then, otherwise):
         with then:
-            _tile(b, shape, tail, a_ptr, packed_ptr, c_ptr, row0, panel)
+            tile(b, tail, row0, panel)
         with otherwise:
-            _tile(b, shape, MR, a_ptr, packed_ptr, c_ptr, row0, panel)
+            tile(b, MR, row0, panel)
 
 
-def _tile(b: ir.IRBuilder, shape: GemmShape, rows: int, a_ptr, packed_ptr, c_ptr,
-          row0, panel) -> None:
-    """A `rows` x NR tile at (row0, panel): the K loop, then the stores."""
-    fma = _fma(b)
+def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body) -> list:
+    """vals = init; for i in range(trip): vals = body(b, i, vals); return vals (trip >= 1)."""
     pre = b.block
-    loop = b.append_basic_block("gemm.k")
-    done = b.append_basic_block("gemm.store")
+    loop = b.append_basic_block("gemm.loop")
+    done = b.append_basic_block("gemm.done")
     b.branch(loop)
     b.position_at_end(loop)
-    p = b.phi(I64)
-    p.add_incoming(_i64(0), pre)
-    accs = []
-    for _ in range(rows * NV):
-        phi = b.phi(V16)
-        phi.add_incoming(ir.Constant(V16, None), pre)
-        accs.append(phi)
-    # panel row p: NR contiguous floats at ((panel * K) + p) * NR
-    prow = b.mul(b.add(b.mul(panel, _i64(shape.k)), p), _i64(NR))
-    bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * VEC))], source_etype=F32,
-                          inbounds=True), typ=V16, align=4) for v in range(NV)]
-    new = []
-    for r in range(rows):
-        a_off = b.add(b.mul(b.add(row0, _i64(r)), _i64(shape.k)), p)
-        a = b.load(b.gep(a_ptr, [a_off], source_etype=F32, inbounds=True), typ=F32)
-        s = _splat(b, a)
-        for v in range(NV):
-            new.append(b.call(fma, [s, bvecs[v], accs[r * NV + v]]))
-    nxt = b.add(p, _i64(1), flags=["nuw", "nsw"])
-    p.add_incoming(nxt, b.block)
-    for phi, x in zip(accs, new):
+    i = b.phi(I64)
+    i.add_incoming(_i64(0), pre)
+    phis = []
+    for x in init:
+        phi = b.phi(x.type)
+        phi.add_incoming(x, pre)
+        phis.append(phi)
+    new = body(b, i, phis)
+    nxt = b.add(i, _i64(1), flags=["nuw", "nsw"])
+    i.add_incoming(nxt, b.block)
+    for phi, x in zip(phis, new):
         phi.add_incoming(x, b.block)
-    b.cbranch(b.icmp_unsigned("<", nxt, _i64(shape.k)), loop, done)
+    b.cbranch(b.icmp_unsigned("<", nxt, _i64(trip)), loop, done)
     b.position_at_end(done)
-    _store_tile(b, shape, rows, new, c_ptr, row0, panel)
+    return new
 
 
-def _store_tile(b: ir.IRBuilder, shape: GemmShape, rows: int, vals, c_ptr, row0,
-                panel) -> None:
-    """Write the tile; the last panel stores only its columns below N."""
-    last_cols = shape.n - (shape.panels - 1) * NR
+def accumulate(b: ir.IRBuilder, rows: int, packed_ptr, panel_k, k_outer: int,
+               k_inner: int, row_ptrs) -> list:
+    """The tile's MR x NV accumulators: the sum over kk < k_outer, c < k_inner of
+    A_r(kk)[c] * panel[kk * k_inner + c], where `row_ptrs(b, kk)` gives each row's pointer
+    to its k_inner contiguous elements of A for kk, and the panel starts at packed row
+    `panel_k` (the panel's index times the full K = k_outer * k_inner)."""
+    fma = _fma(b)
+
+    def inner(b, c, accs, ptrs, kk):
+        prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(NR))
+        bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * VEC))], source_etype=F32,
+                              inbounds=True), typ=V16, align=4) for v in range(NV)]
+        new = []
+        for r in range(rows):
+            a = b.load(b.gep(ptrs[r], [c], source_etype=F32, inbounds=True), typ=F32)
+            s = _splat(b, a)
+            new += [b.call(fma, [s, bvecs[v], accs[r * NV + v]]) for v in range(NV)]
+        return new
+
+    def outer(b, kk, accs):
+        ptrs = row_ptrs(b, kk)
+        return _phi_loop(b, k_inner, accs, lambda b, c, accs: inner(b, c, accs, ptrs, kk))
+
+    zeros = [ir.Constant(V16, None)] * (rows * NV)
+    if k_outer == 1:
+        return outer(b, _i64(0), zeros)
+    return _phi_loop(b, k_outer, zeros, outer)
+
+
+def store_tile(b: ir.IRBuilder, n: int, rows: int, vals, c_ptr, row0, panel,
+               bias_ptr=None) -> None:
+    """Write the tile into row-major C[., n] (+ bias[col], bias padded to whole panels);
+    the last panel stores only its columns below n."""
+    panels = -(-n // NR)
+    last_cols = n - (panels - 1) * NR
+    col0 = b.mul(panel, _i64(NR))
+    if bias_ptr is not None:
+        bias = [b.load(b.gep(bias_ptr, [b.add(col0, _i64(v * VEC))], source_etype=F32,
+                             inbounds=True), typ=V16, align=4) for v in range(NV)]
+        vals = [b.fadd(x, bias[i % NV]) for i, x in enumerate(vals)]
 
     def store(cols: int) -> None:
-        col0 = b.mul(panel, _i64(NR))
         for r in range(rows):
-            base = b.add(b.mul(b.add(row0, _i64(r)), _i64(shape.n)), col0)
+            base = b.add(b.mul(b.add(row0, _i64(r)), _i64(n)), col0)
             for v in range(NV):
                 lanes = min(max(cols - v * VEC, 0), VEC)
                 x = vals[r * NV + v]
@@ -179,7 +217,7 @@ def _store_tile(b: ir.IRBuilder, shape: GemmShape, rows: int, vals, c_ptr, row0,
     if last_cols == NR:
         store(NR)
         return
-    is_last = b.icmp_unsigned("==", panel, _i64(shape.panels - 1))
+    is_last = b.icmp_unsigned("==", panel, _i64(panels - 1))
     with b.if_else(is_last) as (then, otherwise):
         with then:
             store(last_cols)

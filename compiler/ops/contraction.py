@@ -2,7 +2,9 @@
 
 Layouts are the frameworks' canonical ones: activations N,C,spatial...;
 conv weights M, C/group, kernel...; `pads` lists all begin pads then all end
-pads (ONNX order). The layout pass may later choose other internal layouts.
+pads (ONNX order). The layout pass (passes/layout.py) may set `layout="NHWC"`
+on conv and pooling: activations (input and output) are then N,spatial...,C;
+weights keep their canonical layout (the kernel packs them at compile time).
 matmul follows numpy for rank >= 2 (batch dims broadcast); importers reshape
 rank-1 operands.
 """
@@ -74,7 +76,44 @@ _WINDOW_ATTRS = {
     "strides": ("ints", REQUIRED),
     "pads": ("ints", REQUIRED),
     "dilations": ("ints", REQUIRED),
+    "layout": ("str", "NCHW"),
 }
+LAYOUTS = ("NCHW", "NHWC")
+
+
+def channels_last(node) -> bool:
+    """Whether a conv/pool node's activations are N,spatial...,C."""
+    layout = node.attrs["layout"]
+    if layout not in LAYOUTS:
+        raise IRError(f"{node.describe()}: layout {layout!r} is not one of {LAYOUTS}")
+    return layout == "NHWC"
+
+
+def to_first(shape: tuple) -> tuple:
+    """N,spatial...,C -> N,C,spatial..."""
+    return (shape[0], shape[-1]) + tuple(shape[1:-1])
+
+
+def to_last(shape: tuple) -> tuple:
+    """N,C,spatial... -> N,spatial...,C"""
+    return (shape[0],) + tuple(shape[2:]) + (shape[1],)
+
+
+def _first(x: np.ndarray) -> np.ndarray:
+    return np.moveaxis(x, -1, 1)
+
+
+def _last(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+def _in_canonical(eval_fn):
+    """Evaluate an NHWC node through the NCHW definition (moving the channel axis)."""
+    def run(node, x, *rest):
+        if not channels_last(node):
+            return eval_fn(node, x, *rest)
+        return [_last(y) for y in eval_fn(node, _first(x), *rest)]
+    return run
 
 
 # -- conv -----------------------------------------------------------------
@@ -86,16 +125,19 @@ def _conv_infer(node):
         raise IRError(f"{node.describe()}: dtypes {x.dtype} and {w.dtype}")
     if x.type.rank < 3 or w.type.rank != x.type.rank:
         raise IRError(f"{node.describe()}: input {x.shape} and weight {w.shape} ranks")
-    if g < 1 or x.shape[1] != w.shape[1] * g or w.shape[0] % g:
-        raise IRError(f"{node.describe()}: channels {x.shape[1]} vs weight {w.shape}, group {g}")
+    last = channels_last(node)
+    xs = to_first(x.shape) if last else x.shape
+    if g < 1 or xs[1] != w.shape[1] * g or w.shape[0] % g:
+        raise IRError(f"{node.describe()}: channels {xs[1]} vs weight {w.shape}, group {g}")
     if len(node.inputs) == 3:
         b = node.inputs[2]
         if b.dtype != x.dtype or b.shape != (w.shape[0],):
             raise IRError(f"{node.describe()}: bias {b.type} for {w.shape[0]} channels")
     a = node.attrs
-    sp = window_out_dims(x.shape[2:], w.shape[2:], a["strides"], a["pads"], a["dilations"],
+    sp = window_out_dims(xs[2:], w.shape[2:], a["strides"], a["pads"], a["dilations"],
                          node.describe())
-    return [TensorType(x.dtype, (x.shape[0], w.shape[0]) + sp)]
+    out = (xs[0], w.shape[0]) + sp
+    return [TensorType(x.dtype, to_last(out) if last else out)]
 
 
 def _conv_eval(node, x, w, b=None):
@@ -117,7 +159,7 @@ def _conv_eval(node, x, w, b=None):
     return [out.astype(x.dtype)]
 
 
-register(OpDef("conv", Family.CONTRACTION, (2, 3), _conv_infer, _conv_eval,
+register(OpDef("conv", Family.CONTRACTION, (2, 3), _conv_infer, _in_canonical(_conv_eval),
                attrs={**_WINDOW_ATTRS, "group": ("int", 1)}))
 
 
@@ -130,9 +172,12 @@ def _pool_infer(node):
     if node.op == "avg_pool" and x.dtype not in dtypes.FLOATS:
         raise IRError(f"{node.describe()}: avg_pool needs a float dtype, got {x.dtype}")
     a = node.attrs
-    sp = window_out_dims(x.shape[2:], a["kernel"], a["strides"], a["pads"], a["dilations"],
+    last = channels_last(node)
+    xs = to_first(x.shape) if last else x.shape
+    sp = window_out_dims(xs[2:], a["kernel"], a["strides"], a["pads"], a["dilations"],
                          node.describe())
-    return [TensorType(x.dtype, x.shape[:2] + sp)]
+    out = xs[:2] + sp
+    return [TensorType(x.dtype, to_last(out) if last else out)]
 
 
 def _lowest(dtype):
@@ -160,8 +205,8 @@ def _avg_pool_eval(node, x):
     return [(total / count).astype(x.dtype)]
 
 
-register(OpDef("max_pool", Family.POOL, (1, 1), _pool_infer, _max_pool_eval,
+register(OpDef("max_pool", Family.POOL, (1, 1), _pool_infer, _in_canonical(_max_pool_eval),
                attrs={"kernel": ("ints", REQUIRED), **_WINDOW_ATTRS}))
-register(OpDef("avg_pool", Family.POOL, (1, 1), _pool_infer, _avg_pool_eval,
+register(OpDef("avg_pool", Family.POOL, (1, 1), _pool_infer, _in_canonical(_avg_pool_eval),
                attrs={"kernel": ("ints", REQUIRED), **_WINDOW_ATTRS,
                       "count_include_pad": ("bool", False)}))

@@ -336,9 +336,12 @@ def _read_paths(k: Kernel, starts: list[Value]) -> dict[Value, int]:
         if out not in maps or (is_reduction(n) and out not in starts):
             continue
         moves = n.opdef.family is Family.MOVEMENT
+        # a pool reads its input at each position of its window
+        reads = range(int(np.prod(n.attrs["kernel"]))) if n.opdef.family is Family.POOL \
+            else (0,)
         for pos, u in enumerate(n.inputs):
-            step = moves or u.shape != out.shape
-            new = {m + ((n, pos),) for m in maps[out]} if step else maps[out]
+            step = moves or u.shape != out.shape or len(reads) > 1
+            new = {m + ((n, pos, r),) for m in maps[out] for r in reads} if step else maps[out]
             maps.setdefault(u, set()).update(list(new)[:_MAX_MAPS])
     return {v: len(m) for v, m in maps.items()}
 

@@ -1,0 +1,153 @@
+"""2-d convolution, channels-last, as an implicit GEMM on the packed micro-kernel.
+
+    Y[p, co] = bias[co] + sum over (kh, kw, ci) of X[pixel(p, kh, kw), ci] * W[co, ci, kh, kw]
+
+with p = (n, oh, ow) an output pixel (the GEMM's rows, M = N * OH * OW), the
+output channels its columns, and K = KH * KW * Cin. The weight is packed once,
+at compile time, as B[(kh, kw, ci), co] in gemm.py's panels; X is never copied
+(no im2col): for each (kh, kw), a tile's MR rows each point at their input
+pixel's Cin contiguous channels, or at a row of zeros where the window hangs
+over the padding, and the micro-kernel's inner loop runs over ci. Strides and
+dilations only change where those pointers point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from compiler.kernels import gemm
+from compiler.kernels.gemm import F32, I64, MR
+
+# Input channels the zero row covers (a window over the padding reads it).
+_ZEROS = "braze.conv.zeros"
+
+
+def refusal(node) -> str | None:
+    """None if this kernel runs the NHWC conv `node`, else why not."""
+    x, w = node.inputs[:2]
+    if x.dtype != "f32":
+        return f"dtype {x.dtype}: braze's conv kernel is float32 only"
+    if node.attrs["group"] != 1:
+        return f"group {node.attrs['group']}: grouped convolution is not compiled yet"
+    for v in node.inputs[1:]:
+        if v.producer is None or v.producer.op != "const":
+            return f"%{v.name} is not a constant (the weight is packed at compile time)"
+    return None
+
+
+def pack_weight(w: np.ndarray) -> np.ndarray:
+    """W[co, ci, kh, kw] -> gemm panels of B[(kh, kw, ci), co]."""
+    co = w.shape[0]
+    return gemm.pack_b(np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1, co))
+
+
+def pack_bias(bias: np.ndarray) -> np.ndarray:
+    """bias[co], zero-padded to whole panels (the epilogue loads whole vectors)."""
+    out = np.zeros(-(-bias.size // gemm.NR) * gemm.NR, np.float32)
+    out[:bias.size] = bias
+    return out
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    n: int
+    h: int
+    w: int
+    cin: int
+    oh: int
+    ow: int
+    cout: int
+    kh: int
+    kw: int
+    strides: tuple
+    pads: tuple  # top, left (the end pads only bound the output size)
+    dilations: tuple
+
+    @classmethod
+    def of(cls, node) -> ConvShape:
+        x, w = node.inputs[:2]
+        y = node.outputs[0]
+        a = node.attrs
+        return cls(x.shape[0], x.shape[1], x.shape[2], x.shape[3], y.shape[1], y.shape[2],
+                   y.shape[3], w.shape[2], w.shape[3], tuple(a["strides"]),
+                   tuple(a["pads"][:2]), tuple(a["dilations"]))
+
+    @property
+    def m(self) -> int:
+        return self.n * self.oh * self.ow
+
+    @property
+    def k(self) -> int:
+        return self.kh * self.kw * self.cin
+
+    @property
+    def items(self) -> int:
+        return -(-self.m // MR) * -(-self.cout // gemm.NR)
+
+    @property
+    def macs(self) -> int:
+        return self.m * self.k * self.cout
+
+
+def _i64(n: int) -> ir.Constant:
+    return ir.Constant(I64, int(n))
+
+
+def _zeros(b: ir.IRBuilder, cin: int):
+    """A module-level row of at least `cin` zeros."""
+    mod = b.module
+    name = f"{_ZEROS}.{cin}"
+    try:
+        return mod.get_global(name)
+    except KeyError:
+        t = ir.ArrayType(F32, cin)
+        g = ir.GlobalVariable(mod, t, name)
+        g.global_constant = True
+        g.linkage = "internal"
+        g.initializer = ir.Constant(t, None)
+        g.align = 64
+        return g
+
+
+def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
+              item) -> None:
+    """Compute work item `item` (MR output pixels x NR output channels)."""
+    zeros = _zeros(b, s.cin)
+
+    def tile(b, rows, row0, panel):
+        pix = [_pixel(b, s, b.add(row0, _i64(r))) for r in range(rows)]
+
+        def row_ptrs(b, kk):
+            dy = b.mul(b.udiv(kk, _i64(s.kw)), _i64(s.dilations[0]))
+            dx = b.mul(b.urem(kk, _i64(s.kw)), _i64(s.dilations[1]))
+            return [_input_row(b, s, x_ptr, zeros, n, y0, x0, dy, dx) for n, y0, x0 in pix]
+
+        vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), s.kh * s.kw,
+                               s.cin, row_ptrs)
+        gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr)
+
+    gemm.for_each_tile(b, s.m, s.cout, item, tile)
+
+
+def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:
+    """Output pixel p -> (n, top row, left column) of its window in the unpadded input."""
+    ow = b.urem(p, _i64(s.ow))
+    t = b.udiv(p, _i64(s.ow))
+    oh = b.urem(t, _i64(s.oh))
+    n = b.udiv(t, _i64(s.oh))
+    y0 = b.sub(b.mul(oh, _i64(s.strides[0])), _i64(s.pads[0]))
+    x0 = b.sub(b.mul(ow, _i64(s.strides[1])), _i64(s.pads[1]))
+    return n, y0, x0
+
+
+def _input_row(b: ir.IRBuilder, s: ConvShape, x_ptr, zeros, n, y0, x0, dy, dx):
+    """Pointer to X[n, y0 + dy, x0 + dx, :], or to the zero row outside the image."""
+    iy, ix = b.add(y0, dy), b.add(x0, dx)
+    inside = b.and_(b.icmp_unsigned("<", iy, _i64(s.h)), b.icmp_unsigned("<", ix, _i64(s.w)))
+    off = b.mul(b.add(b.mul(b.add(b.mul(n, _i64(s.h)), iy), _i64(s.w)), ix), _i64(s.cin))
+    off = b.select(inside, off, _i64(0))  # keep the unused address in bounds too
+    row = b.gep(x_ptr, [off], source_etype=F32, inbounds=True)
+    return b.select(inside, row, b.bitcast(zeros, ir.PointerType()))

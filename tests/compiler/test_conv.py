@@ -1,0 +1,117 @@
+"""braze's channels-last conv (compiler/kernels/conv.py) and pooling: which nodes take
+them, and their numbers against torch (float64) for strides, padding, dilation and
+tiles that do not divide the shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from compiler.codegen import compile_graph, supports
+from compiler.codegen.compiled import PACKED
+from compiler.text import parse_graph
+
+
+def _conv_graph(x_shape, w, bias, strides, pads, dilations, group=1, layout="NHWC"):
+    n, h, wd, cin = x_shape
+    cout, _, kh, kw = w.shape
+    oh = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    b_line = f"  %b = const() {{value=@b}} : f32[{cout}]\n" if bias is not None else ""
+    text = f"""
+graph c(%x: f32[{n},{h},{wd},{cin}]) -> (%y) {{
+  %w = const() {{value=@w}} : f32[{cout},{cin // group},{kh},{kw}]
+{b_line}  %y = conv(%x, %w{", %b" if bias is not None else ""}) {{strides={list(strides)}, pads={list(pads)}, dilations={list(dilations)}, group={group}, layout="{layout}"}} : f32[{n},{oh},{ow},{cout}]
+}}
+"""
+    return parse_graph(text, {"w": w, "b": bias})
+
+
+def _torch_conv(x, w, bias, strides, pads, dilations):
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2).double()
+    xt = torch.nn.functional.pad(xt, (pads[1], pads[3], pads[0], pads[2]))
+    y = torch.nn.functional.conv2d(xt, torch.from_numpy(w).double(),
+                                   None if bias is None else torch.from_numpy(bias).double(),
+                                   stride=strides, dilation=dilations)
+    return y.permute(0, 2, 3, 1).numpy()
+
+
+CASES = [
+    # (x NHWC, cout, kernel, strides, pads (t, l, b, r), dilations, bias)
+    ((1, 9, 9, 3), 5, 3, (1, 1), (1, 1, 1, 1), (1, 1), True),
+    ((2, 7, 6, 4), 40, 3, (2, 2), (1, 1, 1, 1), (1, 1), True),  # a column tail (40 % 32)
+    ((1, 10, 10, 16), 32, 1, (1, 1), (0, 0, 0, 0), (1, 1), False),  # 1x1: a plain GEMM
+    ((1, 11, 11, 8), 33, 5, (2, 2), (2, 2, 2, 2), (2, 2), True),  # dilated
+    ((1, 8, 9, 6), 64, 3, (1, 2), (0, 1, 2, 0), (1, 1), True),  # uneven pads, strides
+    ((1, 7, 7, 64), 64, 3, (1, 1), (1, 1, 1, 1), (1, 1), True),  # ResNet's 7x7 tail: 49 rows
+    ((1, 32, 32, 3), 16, 7, (2, 2), (3, 3, 3, 3), (1, 1), True),  # the stem's shape, smaller
+]
+
+
+@pytest.mark.parametrize("x_shape,cout,k,strides,pads,dil,has_bias", CASES)
+def test_conv_numbers_match_torch(x_shape, cout, k, strides, pads, dil, has_bias):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((cout, x_shape[3], k, k)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32) if has_bias else None
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y, = compile_graph(_conv_graph(x_shape, w, bias, strides, pads, dil)).run([x])
+    want = _torch_conv(x, w, bias, strides, pads, dil)
+    scale = np.sqrt(x_shape[3] * k * k) * 4.0  # |x|, |w| of a few units: sums of K products
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-7 * scale * np.abs(want).max() + 1e-6)
+
+
+def test_conv_is_one_kernel_on_packed_constants():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    cg = compile_graph(_conv_graph((1, 5, 5, 4), w, b, (1, 1), (1, 1, 1, 1), (1, 1)))
+    assert [k.kind for k in cg.kernels] == ["contraction"]
+    assert sum(isinstance(s, tuple) and s[0] == PACKED for s in cg.slots) == 2  # w and b
+    assert "braze.conv.zeros" in cg.llvm_ir
+
+
+def test_what_braze_does_not_compile_says_why():
+    rng = np.random.default_rng(0)
+    g = _conv_graph((1, 5, 5, 4), rng.standard_normal((8, 2, 3, 3)).astype(np.float32), None,
+                    (1, 1), (1, 1, 1, 1), (1, 1), group=2)
+    conv = next(n for n in g.nodes if n.op == "conv")
+    assert "group 2" in supports(conv)
+    nchw = parse_graph("""
+graph c(%x: f32[1,4,5,5], %w: f32[8,4,3,3]) -> (%y) {
+  %y = conv(%x, %w) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1} : f32[1,8,3,3]
+}
+""")
+    node = next(n for n in nchw.nodes if n.op == "conv")
+    assert "not a constant" in supports(node)
+
+
+@pytest.mark.parametrize("op,pads,include", [
+    ("max_pool", (1, 1, 1, 1), False), ("max_pool", (0, 0, 0, 0), False),
+    ("avg_pool", (1, 1, 1, 1), False), ("avg_pool", (1, 0, 1, 0), True),
+])
+def test_channels_last_pooling_matches_torch(op, pads, include):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 9, 8, 20)).astype(np.float32)
+    oh = (9 + pads[0] + pads[2] - 3) // 2 + 1
+    ow = (8 + pads[1] + pads[3] - 3) // 2 + 1
+    extra = f", count_include_pad={str(include).lower()}" if op == "avg_pool" else ""
+    g = parse_graph(f"""
+graph p(%x: f32[2,9,8,20]) -> (%y) {{
+  %y = {op}(%x) {{kernel=[3, 3], strides=[2, 2], pads={list(pads)}, dilations=[1, 1], layout="NHWC"{extra}}} : f32[2,{oh},{ow},20]
+}}
+""")
+    assert supports(next(n for n in g.nodes if n.op == op)) is None
+    y, = compile_graph(g).run([x])
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2).double()
+    fill = -np.inf if op == "max_pool" else 0.0
+    xp = torch.nn.functional.pad(xt, (pads[1], pads[3], pads[0], pads[2]), value=fill)
+    if op == "max_pool":
+        want = torch.nn.functional.max_pool2d(xp, 3, 2)
+    elif include:
+        want = torch.nn.functional.avg_pool2d(xp, 3, 2)
+    else:
+        ones = torch.nn.functional.pad(torch.ones_like(xt), (pads[1], pads[3], pads[0], pads[2]))
+        want = (torch.nn.functional.avg_pool2d(xp, 3, 2, divisor_override=1)
+                / torch.nn.functional.avg_pool2d(ones, 3, 2, divisor_override=1))
+    np.testing.assert_allclose(y, want.permute(0, 2, 3, 1).numpy(), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,81 @@
+"""The channels-last layout pass (compiler/passes/layout.py): conv chains become NHWC
+with transposes only at the chain's edges, and compute the same."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.codegen import channels_last_refusal
+from compiler.interp import evaluate
+from compiler.ir import verify
+from compiler.passes.layout import channels_last
+from compiler.text import parse_graph
+
+RNG = np.random.default_rng(0)
+W1 = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
+W2 = RNG.standard_normal((8, 8, 1, 1)).astype(np.float32)
+BIAS = RNG.standard_normal((1, 8, 1, 1)).astype(np.float32)
+
+BLOCK = """
+graph block(%x: f32[1,4,6,6]) -> (%y) {
+  %w1 = const() {value=@w1} : f32[8,4,3,3]
+  %w2 = const() {value=@w2} : f32[8,8,1,1]
+  %bias = const() {value=@bias} : f32[1,8,1,1]
+  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
+  %c1 = conv(%x, %w1) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1} : f32[1,8,6,6]
+  %r1 = max(%c1, %zero) : f32[1,8,6,6]
+  %c2 = conv(%r1, %w2) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1} : f32[1,8,6,6]
+  %b2 = add(%c2, %bias) : f32[1,8,6,6]
+  %s = add(%b2, %r1) : f32[1,8,6,6]
+  %p = max_pool(%s) {kernel=[2, 2], strides=[2, 2], pads=[0, 0, 0, 0], dilations=[1, 1]} : f32[1,8,3,3]
+  %m = reduce_sum(%p) {axes=[2, 3], keepdims=true} : f32[1,8,1,1]
+  %y = reshape(%m) {shape=[1, 8]} : f32[1,8]
+}
+"""
+
+
+def _block():
+    return parse_graph(BLOCK, {"w1": W1, "w2": W2, "bias": BIAS})
+
+
+def test_a_resnet_block_has_one_transpose_in_and_none_out():
+    g = _block()
+    assert channels_last(g, channels_last_refusal)
+    verify(g)
+    ops = [n.op for n in g.nodes if n.op != "const"]
+    assert ops.count("transpose") == 1  # the input; the pooled output leaves as a reshape
+    assert all(n.attrs["layout"] == "NHWC" for n in g.nodes
+               if n.op in ("conv", "max_pool"))
+    bias = next(n for n in g.nodes if n.op == "add" and n.inputs[1].producer.op == "const")
+    assert bias.inputs[1].shape == (1, 1, 1, 8)  # the bias constant moved to NHWC too
+
+
+def test_numbers_are_unchanged():
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = evaluate(_block(), [x])[0]
+    g = _block()
+    channels_last(g, channels_last_refusal)
+    np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_ineligible_convs_stay_nchw_and_nothing_moves():
+    g = _block()
+    assert not channels_last(g, lambda node: "not for this target")
+    assert not any(n.op == "transpose" for n in g.nodes)
+
+
+def test_values_read_in_nchw_keep_a_transpose_back():
+    g = parse_graph("""
+graph two(%x: f32[1,4,5,5]) -> (%y, %z) {
+  %w1 = const() {value=@w1} : f32[8,4,3,3]
+  %c = conv(%x, %w1) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1} : f32[1,8,5,5]
+  %y = neg(%c) : f32[1,8,5,5]
+  %z = reshape(%c) {shape=[8, 25]} : f32[8,25]
+}
+""", {"w1": W1})
+    x = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    want = evaluate(g, [x])
+    channels_last(g, channels_last_refusal)
+    verify(g)
+    for a, b in zip(evaluate(g, [x]), want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
