@@ -228,8 +228,8 @@ def packed_operands(kernels) -> dict:
     (packing happens here, once, at compile time)."""
     out = {}
     for k in kernels:
-        node = k.root.producer
-        if k.kind != "contraction":
+        node = k.contraction
+        if node is None:
             continue
         for i, pack in packers(node).items():
             if i < len(node.inputs):

@@ -66,26 +66,28 @@ class Renderer:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptrs = self._buffers(b, bufs, _leaves(k, self.slots) + [k.root])
         root = k.root
-        if k.kind == "contraction" and root.producer.op == "matmul" \
-                and gemm.refusal(root.producer) is None:
-            shape = gemm.GemmShape.of(root.producer)
+        node = k.contraction
+        if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
+            shape = gemm.GemmShape.of(node)
             outer, work = shape.items, shape.m * shape.n * shape.k
-            a, w = root.producer.inputs
+            a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
+            after = self._tile_epilogue(ptrs, k)
             _loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
-                                                         ptrs[root], o))
-        elif k.kind == "contraction" and root.producer.op == "conv":
-            shape = conv.ConvShape.of(root.producer)
+                                                         ptrs[root], o, after))
+        elif node is not None and node.op == "conv":
+            shape = conv.ConvShape.of(node)
             outer, work = shape.items, shape.macs
-            x, w = root.producer.inputs[:2]
-            extra = [(PACKED, u) for u in root.producer.inputs[1:]]
+            x = node.inputs[0]
+            extra = [(PACKED, u) for u in node.inputs[1:]]
             packed = self._buffers(b, bufs, extra)
             bias = packed[extra[1]] if len(extra) > 1 else None
+            after = self._tile_epilogue(ptrs, k)
             _loop(b, lo, hi, lambda b, o: conv.emit_item(b, shape, ptrs[x], packed[extra[0]],
-                                                         bias, ptrs[root], o))
-        elif k.kind == "contraction":
+                                                         bias, ptrs[root], o, after))
+        elif node is not None:
             outer = int(np.prod(root.shape[:-1], dtype=np.int64))
-            work = root.type.size * root.producer.inputs[0].shape[-1]
+            work = root.type.size * node.inputs[0].shape[-1]
             _loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row":
             outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
@@ -184,11 +186,44 @@ class Renderer:
             em = ElementEmitter(b, _without(ptrs, root), registers)
             _store(b, ptrs[root], root.dtype, o, em.at(root, idx))
 
+    def _tile_epilogue(self, ptrs, k: Kernel):
+        """For a contraction kernel with an epilogue (fuse.py): a function that applies it,
+        in place in the root's buffer, to a tile of rows x NR columns just stored there;
+        None when the kernel's root is the contraction's own result."""
+        if k.root is k.contraction.outputs[0]:
+            return None
+        n = k.root.shape[-1]
+
+        def after(b, rows, row0, panel):
+            col0 = b.mul(panel, i64(gemm.NR))
+            left = b.sub(i64(n), col0)
+            cols = b.select(b.icmp_signed("<", left, i64(gemm.NR)), left, i64(gemm.NR))
+            for r in range(rows):
+                self._epilogue(b, ptrs, k, b.add(row0, i64(r)), col0, cols)
+
+        return after
+
+    def _epilogue(self, b, ptrs, k: Kernel, row, col0, cols) -> None:
+        """root[row, col0:col0 + cols] = epilogue(contraction result there), in place: the
+        contraction's value is read from the root's own buffer, where its tile now lies."""
+        root, raw = k.root, k.contraction.outputs[0]
+        bufs = {**_without(ptrs, root), raw: ptrs[root]}
+        head = delinearize(b, row, root.shape[:-1])
+        base = b.mul(row, i64(root.shape[-1]))
+
+        def element(b, j):
+            col = b.add(col0, j)
+            value = ElementEmitter(b, bufs).at(root, head + [col])
+            _store(b, ptrs[root], root.dtype, b.add(base, col), value)
+
+        _loop(b, i64(0), cols, element)
+
     def _matmul_row(self, b, ptrs, k: Kernel, o) -> None:
         """Row o of the output: out[o, :] = sum over p of a[o, p] * w[p, :], the inner
-        loop over the output's contiguous columns (vectorized; FMA where contracted)."""
+        loop over the output's contiguous columns (vectorized; FMA where contracted);
+        then the epilogue, if any, over the row."""
         root = k.root
-        a, w = root.producer.inputs
+        a, w = k.contraction.inputs
         n_cols, depth = root.shape[-1], a.shape[-1]
         head = delinearize(b, o, root.shape[:-1])  # batch dims..., row
         base = b.mul(o, i64(n_cols))
@@ -211,6 +246,8 @@ class Renderer:
             _loop(b, i64(0), i64(n_cols), col)
 
         _loop(b, i64(0), i64(depth), depth_step)
+        if root is not k.contraction.outputs[0]:
+            self._epilogue(b, ptrs, k, o, i64(0), i64(n_cols))
 
     # -- the entry point ------------------------------------------------------
 

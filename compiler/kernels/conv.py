@@ -113,8 +113,9 @@ def _zeros(b: ir.IRBuilder, cin: int):
 
 
 def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
-              item) -> None:
-    """Compute work item `item` (MR output pixels x NR output channels)."""
+              item, after=None) -> None:
+    """Compute work item `item` (MR output pixels x NR output channels); then
+    `after(b, rows, row0, panel)`, if given (an epilogue over the tile just stored)."""
     zeros = _zeros(b, s.cin)
 
     def tile(b, rows, row0, panel):
@@ -128,6 +129,8 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), s.kh * s.kw,
                                s.cin, row_ptrs)
         gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr)
+        if after is not None:
+            after(b, rows, row0, panel)
 
     gemm.for_each_tile(b, s.m, s.cout, item, tile)
 

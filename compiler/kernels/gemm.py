@@ -103,8 +103,10 @@ def _splat(b: ir.IRBuilder, x):
                             ir.Constant(ir.VectorType(I32, VEC), [0] * VEC))
 
 
-def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item) -> None:
-    """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`."""
+def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
+              after=None) -> None:
+    """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`; then
+    `after(b, rows, row0, panel)`, if given (an epilogue over the tile just stored)."""
     def tile(b, rows, row0, panel):
         def row_ptrs(b, kk):
             return [b.gep(a_ptr, [b.mul(b.add(row0, _i64(r)), _i64(shape.k))],
@@ -113,6 +115,8 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item)
         vals = accumulate(b, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1, shape.k,
                           row_ptrs)
         store_tile(b, shape.n, rows, vals, c_ptr, row0, panel)
+        if after is not None:
+            after(b, rows, row0, panel)
 
     for_each_tile(b, shape.m, shape.n, item, tile)
 

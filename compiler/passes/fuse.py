@@ -86,9 +86,15 @@ class Kernel:
 
     @property
     def kind(self) -> str:
-        if self.root.producer.opdef.family is Family.CONTRACTION:
+        if self.contraction is not None:
             return "contraction"
         return "row" if self.domain is not None else "loop"
+
+    @property
+    def contraction(self) -> Node | None:
+        """A contraction kernel's matmul or conv (its root is that node's result, or the
+        result of the epilogue applied to it)."""
+        return next((n for n in self.nodes if n.opdef.family is Family.CONTRACTION), None)
 
     @property
     def reductions(self) -> list[Node]:
@@ -125,9 +131,18 @@ def plan(graph: Graph) -> FusionPlan:
     for v in graph.outputs:
         if v.producer is not None and v.producer.op != "const":
             reasons.setdefault(v, "cluster output")
+    users = graph.users()
     for n in graph.nodes:
         if n.opdef.family is Family.CONTRACTION:
-            reasons.setdefault(n.outputs[0], f"{n.op} result: written by its own kernel")
+            chain = _epilogue(n, users, graph)
+            if chain:
+                ops = " ".join(e.op for e in chain)
+                reasons.setdefault(chain[-1].outputs[0], f"{n.op} result after its epilogue "
+                                   f"({ops}): written by the {n.op}'s kernel")
+                for u in _epilogue_operands(n, chain):
+                    reasons.setdefault(u, f"read by the epilogue of {n.op} %{n.outputs[0].name}")
+            else:
+                reasons.setdefault(n.outputs[0], f"{n.op} result: written by its own kernel")
             for u in n.inputs:
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
@@ -139,6 +154,34 @@ def plan(graph: Graph) -> FusionPlan:
                 _materialize_repeated(kernels, reasons) or
                 _materialize_row_refusals(kernels, reasons)):
             return FusionPlan(kernels, set(reasons), reasons, notes)
+
+
+def _epilogue(node: Node, users: dict, graph: Graph) -> list[Node]:
+    """The elementwise ops applied to a contraction's result before anything else reads
+    it (bias, ReLU, residual add...): each the only reader of the previous value, of the
+    result's shape, no graph output in between. The contraction's kernel applies them
+    to each tile while it is in cache (epilogue fusion), so the raw result never gets a
+    buffer."""
+    chain: list[Node] = []
+    v = node.outputs[0]
+    outputs = set(graph.outputs)
+    while v not in outputs:
+        readers = users.get(v, [])
+        if len(readers) != 1 or readers[0].opdef.family is not Family.ELEMENTWISE:
+            break
+        n = readers[0]
+        if n.outputs[0].shape != node.outputs[0].shape or n.inputs.count(v) != 1:
+            break
+        chain.append(n)
+        v = n.outputs[0]
+    return chain
+
+
+def _epilogue_operands(node: Node, chain: list[Node]) -> list[Value]:
+    """The epilogue's other operands that need a buffer (not constants)."""
+    inside = {node.outputs[0]} | {e.outputs[0] for e in chain}
+    return [u for e in chain for u in e.inputs if u not in inside
+            and u.producer is not None and u.producer.op != "const"]
 
 
 def _kernels(graph: Graph, materialized: set) -> list[Kernel]:

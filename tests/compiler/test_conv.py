@@ -115,3 +115,27 @@ graph p(%x: f32[2,9,8,20]) -> (%y) {{
         want = (torch.nn.functional.avg_pool2d(xp, 3, 2, divisor_override=1)
                 / torch.nn.functional.avg_pool2d(ones, 3, 2, divisor_override=1))
     np.testing.assert_allclose(y, want.permute(0, 2, 3, 1).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_bias_residual_and_relu_run_in_the_conv_kernel():
+    """A ResNet block's tail, conv + residual add + ReLU, is one kernel: the epilogue runs
+    on each tile in cache, and the raw conv result never gets a buffer."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((40, 6, 3, 3)).astype(np.float32)
+    g = parse_graph("""
+graph block(%x: f32[1,5,5,6], %skip: f32[1,5,5,40]) -> (%y) {
+  %w = const() {value=@w} : f32[40,6,3,3]
+  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
+  %c = conv(%x, %w) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, layout="NHWC"} : f32[1,5,5,40]
+  %s = add(%c, %skip) : f32[1,5,5,40]
+  %y = max(%s, %zero) : f32[1,5,5,40]
+}
+""", {"w": w})
+    cg = compile_graph(g)
+    assert [k.kind for k in cg.kernels] == ["contraction"]
+    assert [n.op for n in cg.kernels[0].nodes] == ["conv", "add", "max"]
+    x = rng.standard_normal((1, 5, 5, 6)).astype(np.float32)
+    skip = rng.standard_normal((1, 5, 5, 40)).astype(np.float32)
+    y, = cg.run([x, skip])
+    want = np.maximum(_torch_conv(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1)) + skip, 0)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())

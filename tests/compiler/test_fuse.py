@@ -277,9 +277,27 @@ graph mlp(%x: f32[4,8], %w: f32[8,16], %bias: f32[16]) -> (%y) {
 }
 """)
     p = plan(g)
-    assert [k.kind for k in p.kernels] == ["loop", "contraction", "loop"]
+    # the bias add and the ReLU are the matmul's epilogue: applied to each tile in cache
+    assert [k.kind for k in p.kernels] == ["loop", "contraction"]
     names = {v.name: r for v, r in p.reasons.items()}
-    assert "operand" in names["xt"] and "matmul result" in names["h"]
+    assert "operand" in names["xt"] and "h" not in names
+    assert [n.op for n in p.kernels[1].nodes] == ["matmul", "add", "max"]
+    _check_numbers(g)
+
+
+def test_epilogue_stops_where_the_result_is_read_twice():
+    g = _graph("""
+graph two(%x: f32[4,8], %w: f32[8,16]) -> (%y, %z) {
+  %h = matmul(%x, %w) : f32[4,16]
+  %e = exp(%h) : f32[4,16]
+  %y = neg(%e) : f32[4,16]
+  %z = abs(%e) : f32[4,16]
+}
+""")
+    p = plan(g)
+    names = {v.name: r for v, r in p.reasons.items()}
+    assert "epilogue (exp)" in names["e"] and "h" not in names
+    assert [k.kind for k in p.kernels] == ["contraction", "loop", "loop"]
     _check_numbers(g)
 
 
