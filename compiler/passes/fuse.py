@@ -132,9 +132,11 @@ def plan(graph: Graph) -> FusionPlan:
         if v.producer is not None and v.producer.op != "const":
             reasons.setdefault(v, "cluster output")
     users = graph.users()
+    claimed: set[Node] = set()  # epilogue nodes, each applied by one contraction's kernel
     for n in graph.nodes:
         if n.opdef.family is Family.CONTRACTION:
-            chain = _epilogue(n, users, graph)
+            chain = _epilogue(n, users, graph, claimed)
+            claimed.update(chain)
             if chain:
                 ops = " ".join(e.op for e in chain)
                 reasons.setdefault(chain[-1].outputs[0], f"{n.op} result after its epilogue "
@@ -156,7 +158,7 @@ def plan(graph: Graph) -> FusionPlan:
             return FusionPlan(kernels, set(reasons), reasons, notes)
 
 
-def _epilogue(node: Node, users: dict, graph: Graph) -> list[Node]:
+def _epilogue(node: Node, users: dict, graph: Graph, claimed: set) -> list[Node]:
     """The elementwise ops applied to a contraction's result before anything else reads
     it (bias, ReLU, residual add...): each the only reader of the previous value, of the
     result's shape, no graph output in between. The contraction's kernel applies them
@@ -172,6 +174,8 @@ def _epilogue(node: Node, users: dict, graph: Graph) -> list[Node]:
         n = readers[0]
         if n.outputs[0].shape != node.outputs[0].shape or n.inputs.count(v) != 1:
             break
+        if n in claimed:  # two contractions meet (a residual add of two convs): the
+            break         # first one's epilogue takes the add; this value is its operand
         chain.append(n)
         v = n.outputs[0]
     return chain
