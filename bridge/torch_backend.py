@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from bridge.onnx_api import codegen_supports, first_refusal, run_pipeline
+from bridge.onnx_api import codegen_supports, first_refusal, run_pipeline, run_target_passes
 from compiler.errors import BrazeError, CompileError
 from compiler.passes.cluster import describe_partition, outline, partition
 
@@ -284,6 +284,7 @@ class _Specialization:
         graph = imported.graph
         dump(opts, runner.name, "import.ir", str(graph))
         run_pipeline(graph)
+        run_target_passes(graph, opts.target)
         self.clusters = partition(graph, codegen_supports(opts.target))
         dump(opts, runner.name, "opt.ir", str(graph))
         dump(opts, runner.name, "clusters.txt", describe_partition(self.clusters))
