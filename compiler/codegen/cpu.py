@@ -49,18 +49,37 @@ class Renderer:
     def __init__(self, graph: Graph, kplan, slots: dict[Value, int]):
         self.graph, self.plan, self.slots = graph, kplan, slots
         self.module = ir.Module(name=graph.name)
+        self._local: dict = {}  # buffer -> index in the kernel being rendered's table
+        self._unique: dict[str, ir.Function] = {}  # kernel text -> its one function
+        self._omp: dict = {}
 
     def render(self) -> str:
-        nests = [self._nest(i, k) for i, k in enumerate(self.plan.kernels)]
-        self._entry(nests)
+        self._entry([self._kernel(k) for k in self.plan.kernels])
         return str(self.module)
 
     # -- one kernel ---------------------------------------------------------------
 
-    def _nest(self, index: int, k: Kernel) -> tuple[ir.Function, int, bool]:
+    def _kernel(self, k: Kernel) -> tuple:
+        """(function, outer trip count, threaded?, its buffers in table order) for `k`.
+
+        A kernel reads its buffers from a table of its own, so kernels that compute the
+        same thing on other buffers (a ResNet's repeated blocks) are one function: LLVM
+        compiles each distinct kernel once (compile time follows the distinct shapes).
+        """
+        values = _leaves(k, self.slots) + [k.root] + [
+            (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
+            if (PACKED, u) in self.slots]
+        self._local = {v: i for i, v in enumerate(values)}
+        probe, outer, parallel = self._nest(ir.Module(), "k", k)
+        text = str(probe)
+        fn = self._unique.get(text)
+        if fn is None:
+            fn = self._unique[text] = self._nest(self.module, f"k{len(self._unique)}", k)[0]
+        return fn, outer, parallel, values
+
+    def _nest(self, module: ir.Module, name: str, k: Kernel) -> tuple[ir.Function, int, bool]:
         """The kernel's function, its outer trip count, and whether to run it threaded."""
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
-                         f"k{index}")
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
         fn.linkage = "internal"
         bufs, lo, hi = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -108,7 +127,7 @@ class Renderer:
     def _buffers(self, b: ir.IRBuilder, bufs, values) -> dict:
         out = {}
         for v in values:
-            slot = b.gep(bufs, [i64(self.slots[v])], source_etype=PTR, inbounds=True)
+            slot = b.gep(bufs, [i64(self._local[v])], source_etype=PTR, inbounds=True)
             out[v] = b.load(slot, typ=PTR)
         return out
 
@@ -198,8 +217,10 @@ class Renderer:
             col0 = b.mul(panel, i64(gemm.NR))
             left = b.sub(i64(n), col0)
             cols = b.select(b.icmp_signed("<", left, i64(gemm.NR)), left, i64(gemm.NR))
-            for r in range(rows):
-                self._epilogue(b, ptrs, k, b.add(row0, i64(r)), col0, cols)
+            # a loop, not unrolled per row: the epilogue is cheap next to the tile, and one
+            # copy of it keeps the kernel's code (and LLVM's compile time) small
+            _loop(b, row0, b.add(row0, i64(rows)),
+                  lambda b, row: self._epilogue(b, ptrs, k, row, col0, cols))
 
         return after
 
@@ -252,8 +273,12 @@ class Renderer:
     # -- the entry point ------------------------------------------------------
 
     def _outlined(self, nest: ir.Function, outer: int) -> ir.Function:
-        """void f(ptr bufs): this OpenMP thread's share of rows [0, outer)."""
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), nest.name + ".omp")
+        """void f(ptr table): this OpenMP thread's share of rows [0, outer)."""
+        if (nest.name, outer) in self._omp:
+            return self._omp[nest.name, outer]
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]),
+                         f"{nest.name}.omp{len(self._omp)}")
+        self._omp[nest.name, outer] = fn
         fn.linkage = "internal"
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         tid = b.sext(b.call(self._decl("omp_get_thread_num", I32, []), []), I64)
@@ -279,18 +304,29 @@ class Renderer:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         gomp = self._decl("GOMP_parallel", ir.VoidType(),
                           [PTR, PTR, I32, I32]) if llvm_cpu.libgomp() else None
-        for nest, outer, parallel in nests:
+        for nest, outer, parallel, values in nests:
+            table = self._table(b, bufs, values)
             if parallel and gomp is not None:
                 many = b.icmp_signed(">", threads, ir.Constant(I32, 1))
                 with b.if_else(many) as (then, otherwise):
                     with then:
-                        b.call(gomp, [self._outlined(nest, outer), bufs, threads,
+                        b.call(gomp, [self._outlined(nest, outer), table, threads,
                                       ir.Constant(I32, 0)])
                     with otherwise:
-                        b.call(nest, [bufs, i64(0), i64(outer)])
+                        b.call(nest, [table, i64(0), i64(outer)])
             else:
-                b.call(nest, [bufs, i64(0), i64(outer)])
+                b.call(nest, [table, i64(0), i64(outer)])
         b.ret_void()
+
+    def _table(self, b: ir.IRBuilder, bufs, values: list):
+        """A kernel's own pointer table: its buffers' pointers, copied from `bufs`."""
+        with b.goto_entry_block():
+            table = b.alloca(PTR, size=i64(len(values)))
+        for i, v in enumerate(values):
+            src = b.gep(bufs, [i64(self.slots[v])], source_etype=PTR, inbounds=True)
+            dst = b.gep(table, [i64(i)], source_etype=PTR, inbounds=True)
+            b.store(b.load(src, typ=PTR), dst)
+        return table
 
 
 # -- helpers ----------------------------------------------------------------------

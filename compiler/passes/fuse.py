@@ -161,7 +161,7 @@ def plan(graph: Graph) -> FusionPlan:
 def _epilogue(node: Node, users: dict, graph: Graph, claimed: set) -> list[Node]:
     """The elementwise ops applied to a contraction's result before anything else reads
     it (bias, ReLU, residual add...): each the only reader of the previous value, of the
-    result's shape, no graph output in between. The contraction's kernel applies them
+    result's shape and dtype, no graph output in between. The contraction's kernel applies them
     to each tile while it is in cache (epilogue fusion), so the raw result never gets a
     buffer."""
     chain: list[Node] = []
@@ -172,7 +172,8 @@ def _epilogue(node: Node, users: dict, graph: Graph, claimed: set) -> list[Node]
         if len(readers) != 1 or readers[0].opdef.family is not Family.ELEMENTWISE:
             break
         n = readers[0]
-        if n.outputs[0].shape != node.outputs[0].shape or n.inputs.count(v) != 1:
+        # the tile is stored in the root's buffer first: the same shape and dtype
+        if n.outputs[0].type != node.outputs[0].type or n.inputs.count(v) != 1:
             break
         if n in claimed:  # two contractions meet (a residual add of two convs): the
             break         # first one's epilogue takes the add; this value is its operand

@@ -338,3 +338,17 @@ def test_cheap_values_and_oversized_rows_are_not_kept():
     assert plan(_graph(LAYER_NORM)).kernels[0].row_cached == []
     big = _graph(SOFTMAX.replace("100", "40000"))
     assert plan(big).kernels[0].row_cached == []
+
+
+def test_epilogue_keeps_the_contraction_dtype():
+    """A cast after a matmul ends its epilogue: the tile is stored in the root's buffer."""
+    g = _graph("""
+graph cast(%x: f32[4,8], %w: f32[8,16]) -> (%y) {
+  %h = matmul(%x, %w) : f32[4,16]
+  %r = neg(%h) : f32[4,16]
+  %y = cast(%r) {to="f64"} : f64[4,16]
+}
+""")
+    p = plan(g)
+    assert [n.op for n in p.kernels[0].nodes] == ["matmul", "neg"]
+    _check_numbers(g)
