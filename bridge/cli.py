@@ -52,13 +52,24 @@ def _parser() -> argparse.ArgumentParser:
     _add_shapes(p)
     _add_common(p)
 
-    p = sub.add_parser("compile", help="compile an ONNX model into a .braze artifact",
+    p = sub.add_parser("compile", help="compile an ONNX model into a .braze artifact "
+                       "(or PTX for CUDA)",
                        description="Compile the model for this machine's CPU at its static "
                        "input shapes (or those given with --shape) and write one file "
                        "that `braze run` and bridge.load() run without recompiling. The "
-                       "artifact only loads with this braze version on this CPU.")
+                       "artifact only loads with this braze version on this CPU. With "
+                       "--target cuda --emit ptx, write one .ptx file per compiled "
+                       "cluster into the output directory instead (no GPU needed).")
     p.add_argument("input", help="the ONNX model to compile")
-    p.add_argument("-o", "--output", required=True, help="where to write the .braze artifact")
+    p.add_argument("-o", "--output", required=True,
+                   help="where to write the .braze artifact (--emit ptx: a directory)")
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"],
+                   help="what to compile for (default cpu)")
+    p.add_argument("--emit", choices=["artifact", "ptx"], default=None,
+                   help="what to write: a .braze artifact (cpu, the default there) or PTX "
+                   "(cuda, the default there)")
+    p.add_argument("--arch", default=None, metavar="SM",
+                   help="CUDA architecture of the PTX, e.g. sm_80 (default) or sm_90")
     p.add_argument("--no-fallback", action="store_true",
                    help="fail instead of leaving any node to onnxruntime")
     p.add_argument("--threads", type=int, default=2,

@@ -182,6 +182,16 @@ def cmd_compile(args) -> int:
     from bridge.cli import parse_shapes
     from importers.onnx import load_model
 
+    emit = args.emit or ("ptx" if args.target == "cuda" else "artifact")
+    if (emit == "ptx") != (args.target == "cuda"):
+        raise BrazeError(f"--target {args.target} writes " +
+                         ("PTX (--emit ptx)" if args.target == "cuda" else
+                          "an artifact (--emit artifact)") +
+                         f", not --emit {emit}")
+    if args.arch is not None and args.target != "cuda":
+        raise BrazeError("--arch is for --target cuda")
+    if emit == "ptx":
+        return _compile_ptx(args)
     src, out = Path(args.input), Path(args.output)
     t0 = time.perf_counter()
     model = load_model(src)
@@ -195,6 +205,37 @@ def cmd_compile(args) -> int:
           f"{time.perf_counter() - t0:.1f} s)")
     print(f"input shapes: {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}")
     print(f"clusters: {len(clusters) - host} compiled by braze, {host} on onnxruntime")
+    return 0
+
+
+def _compile_ptx(args) -> int:
+    """`braze compile --target cuda --emit ptx`: one .ptx file per compiled cluster, each
+    headed by comments naming its kernels, their arguments and launch sizes."""
+    from bridge.cli import parse_shapes
+    from bridge.onnx_api import compile_onnx_ptx
+    from compiler.codegen import nvptx
+    from importers.onnx import load_model
+
+    src, out = Path(args.input), Path(args.output)
+    arch = nvptx.check_arch(args.arch or nvptx.DEFAULT_ARCH)
+    t0 = time.perf_counter()
+    model = load_model(src)
+    shapes = concrete_shapes(model, parse_shapes(args.shape))
+    parts = compile_onnx_ptx(model, shapes, arch=arch, allow_fallback=not args.no_fallback)
+    out.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for cluster, program in parts:
+        if program is None:
+            continue
+        path = out / f"cluster{cluster.id}.ptx"
+        path.write_text(program.describe() + program.ptx)
+        written += 1
+        print(f"  {path.name}: {len(program.launches)} kernel(s)")
+    print(f"{src} -> {out}/ ({written} PTX file(s) for {arch}, "
+          f"{time.perf_counter() - t0:.1f} s)")
+    print(f"input shapes: {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}")
+    print(f"clusters: {written} compiled by braze, {len(parts) - written} on the host "
+          "(no PTX; `braze explain --target cuda` says why)")
     return 0
 
 

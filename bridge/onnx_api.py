@@ -34,7 +34,7 @@ log = logging.getLogger("braze")
 # ever-changing shapes recompiles rather than growing without bound.
 MAX_SPECIALIZATIONS = 16
 
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,15 @@ def first_refusal(clusters: list[Cluster]) -> str | None:
 
 
 def compile_cluster(sub: Graph, target: str, threads: int):
-    """braze's kernels for a compiled cluster's sub-graph (a CompiledGraph)."""
+    """braze's kernels for a compiled cluster's sub-graph (a CompiledGraph; on "cuda", a
+    runtime.cuda.CudaStep running PTX for the current device)."""
     from compiler.codegen import compile_graph
 
+    if target == "cuda":
+        from runtime.cuda import CudaStep, device_arch
+
+        return CudaStep(compile_graph(sub, target=target, cache=compile_cache(),
+                                      arch=device_arch()))
     return compile_graph(sub, target=target, threads=threads, cache=compile_cache())
 
 
@@ -181,6 +187,10 @@ class CompiledOnnxModel:
 
         if target not in TARGETS:
             raise BrazeError(f"unknown target {target!r}; braze compiles for {', '.join(TARGETS)}")
+        if target == "cuda":
+            from runtime.cuda import require_device
+
+            require_device()  # BrazeError: no CUDA device was found
         self.target = target
         self.options = Options.from_kwargs(options)
         self._model = load_model(model_or_path)
@@ -243,6 +253,10 @@ class CompiledOnnxModel:
         model's declared static shapes."""
         from bridge.artifact import save_model
 
+        if self.target != "cpu":
+            raise BrazeError(f"artifacts hold CPU code; saving a model compiled for "
+                             f"{self.target!r} is not supported (braze compile --target cuda "
+                             "--emit ptx writes its PTX)")
         with self._lock:
             if input_shapes is not None or not self.saved_specializations():
                 self._compile_shapes(self._shapes_to_save(input_shapes or {}))
@@ -314,6 +328,28 @@ def explain_onnx(model, shapes: dict, target: str = "cpu") -> str:
 
     imported = import_onnx(model, input_shapes=shapes)
     return describe_partition(plan(imported.graph, target))
+
+
+def compile_onnx_ptx(model, shapes: dict, arch: str | None = None,
+                     allow_fallback: bool = True) -> list[tuple[Cluster, object]]:
+    """PTX for every compiled cluster of the model at these input shapes, for `arch`
+    (default sm_80): (cluster, compiler.codegen.cuda.CudaProgram, or None for a host
+    cluster) pairs, in step order. Needs no GPU. Without fallback, a host cluster is a
+    CompileError."""
+    from compiler.codegen import compile_graph
+    from importers.onnx import import_onnx
+
+    imported = import_onnx(model, input_shapes=shapes)
+    if imported.value_inputs:
+        raise BrazeError(f"cannot compile from shapes alone: braze needs the values of "
+                         f"input(s) {', '.join(imported.value_inputs)}")
+    clusters = plan(imported.graph, "cuda", allow_fallback)
+    refusal = None if allow_fallback else first_refusal(clusters)
+    if refusal:
+        raise CompileError(f"{refusal} (allow_fallback=False)")
+    return [(c, compile_graph(outline(imported.graph, c), target="cuda", arch=arch,
+                              cache=compile_cache()) if c.compiled else None)
+            for c in clusters]
 
 
 def partition_report(clusters: list[Cluster]) -> dict:

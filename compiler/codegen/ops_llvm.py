@@ -44,6 +44,7 @@ def _is_float(dtype: str) -> bool:
 
 def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, arity: int = 1, ret=None):
     full = f"{name}.{'f32' if t == F32 else 'f64'}" if name.startswith("llvm.") else name
+    full = _math_symbol(b.module, full)
     try:
         return b.module.get_global(full)
     except KeyError:
@@ -53,6 +54,45 @@ def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, arity: int = 1, ret=None)
 def _libm(b, name: str, t, x):
     """A scalar libm call (sinf / sin ...): exact but not vectorized."""
     return b.call(_intrinsic(b, name + ("f" if t == F32 else ""), t), [x])
+
+
+def _frem(b, x, y):
+    """C's fmod: the frem instruction, or libdevice's exact fmod on NVPTX (whose own frem
+    expansion, x - trunc(x / y) * y, is not exact)."""
+    if not _is_nvptx(b.module):
+        return b.frem(x, y)
+    return b.call(_intrinsic(b, "fmodf" if x.type == F32 else "fmod", x.type, 2), [x, y])
+
+
+# -- targets without a C math library -------------------------------------------
+# NVPTX has no libm and cannot lower llvm.exp/log/pow: those calls go to CUDA's libdevice
+# (__nv_sinf, __nv_exp, ...), which compiler/codegen/nvptx.py links into the module. The
+# module's triple says which target a kernel is for (the CUDA renderer sets it).
+_NVPTX_LIBCALLS = {"llvm.exp": "exp", "llvm.log": "log", "llvm.pow": "pow"}
+
+
+def _is_nvptx(module: ir.Module) -> bool:
+    return module.triple.startswith("nvptx")
+
+
+def _math_symbol(module: ir.Module, name: str) -> str:
+    """`name` (a libm function or an llvm.* intrinsic) as the module's target calls it."""
+    if not _is_nvptx(module):
+        return name
+    base, _, suffix = name.rpartition(".")
+    if base in _NVPTX_LIBCALLS:
+        return "__nv_" + _NVPTX_LIBCALLS[base] + ("f" if suffix == "f32" else "")
+    return name if name.startswith("llvm.") else "__nv_" + name
+
+
+def needs_libm(op: str, dtype: str) -> bool:
+    """Whether `op` on `dtype` calls a C math function (not an instruction, an LLVM
+    intrinsic that every target lowers, or braze's own mathlib): on NVPTX, a libdevice call."""
+    if dtype not in ("f32", "f64"):
+        return False
+    if dtype == "f32" and op in FAST_F32:
+        return False
+    return op in _LIBM or op in ("exp", "log", "sigmoid", "pow", "fmod", "mod")
 
 
 # -- unary ----------------------------------------------------------------------
@@ -129,9 +169,9 @@ def binary_float(b, op: str, x, y):
     if op == "pow":
         return b.call(_intrinsic(b, "llvm.pow", t, 2), [x, y])
     if op == "fmod":
-        return b.frem(x, y)
+        return _frem(b, x, y)
     if op == "mod":  # Python: result has the divisor's sign
-        r = b.frem(x, y)
+        r = _frem(b, x, y)
         zero = ir.Constant(t, 0.0)
         fix = b.and_(b.fcmp_ordered("!=", r, zero),
                      b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
