@@ -5,7 +5,7 @@
 with p = (n, oh, ow) an output pixel (the GEMM's rows, M = N * OH * OW), the
 output channels its columns, and K = KH * KW * Cin. The weight is packed once,
 at compile time, as B[(kh, kw, ci), co] in gemm.py's panels; X is never copied
-(no im2col): for each (kh, kw), a tile's MR rows each point at their input
+(no im2col): for each (kh, kw), a tile's rows each point at their input
 pixel's Cin contiguous channels, or at a row of zeros where the window hangs
 over the padding, and the micro-kernel's inner loop runs over ci. Strides and
 dilations only change where those pointers point.
@@ -19,7 +19,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler.kernels import gemm
-from compiler.kernels.gemm import F32, I64, MR
+from compiler.kernels.gemm import F32, I64
 
 # Input channels the zero row covers (a window over the padding reads it).
 _ZEROS = "braze.conv.zeros"
@@ -85,7 +85,7 @@ class ConvShape:
 
     @property
     def items(self) -> int:
-        return -(-self.m // MR) * -(-self.cout // gemm.NR)
+        return -(-self.m // gemm.tile_rows(self.m)) * -(-self.cout // gemm.NR)
 
     @property
     def macs(self) -> int:

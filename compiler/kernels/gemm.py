@@ -17,7 +17,9 @@ runs a tile of M % MR rows; columns past N are computed (on zero padding) but no
 stored.
 
 Register budget (AVX-512, 32 vector registers): MR * NV accumulators + NV panel
-vectors + one broadcast; MR = 12, NV = 2 uses 27.
+vectors + one broadcast; MR = 12, NV = 2 uses 27. A GEMM of M rows uses as few row
+blocks as MR allows, each as short as that count permits (`tile_rows`): M = 49 (a
+ResNet's 7x7 maps) runs 5 blocks of 10 rows, not 4 of 12 and a lone row.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class GemmShape:
 
     @property
     def row_blocks(self) -> int:
-        return -(-self.m // MR)
+        return -(-self.m // tile_rows(self.m))
 
     @property
     def panels(self) -> int:
@@ -121,22 +123,30 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
     for_each_tile(b, shape.m, shape.n, item, tile)
 
 
-def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile) -> None:
-    """Work item `item` -> tile(b, rows, row0, panel), rows = MR or the last block's."""
+def tile_rows(m: int) -> int:
+    """Rows per tile for M rows: the fewest blocks of at most MR, then the shortest."""
     blocks = -(-m // MR)
+    return -(-m // blocks)
+
+
+def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile) -> None:
+    """Work item `item` -> tile(b, rows, row0, panel), rows = tile_rows(m) or the last
+    block's remainder."""
+    mr = tile_rows(m)
+    blocks = -(-m // mr)
     rb = b.urem(item, _i64(blocks))
     panel = b.udiv(item, _i64(blocks))
-    row0 = b.mul(rb, _i64(MR))
-    tail = m % MR
+    row0 = b.mul(rb, _i64(mr))
+    tail = m % mr
     if tail == 0:
-        tile(b, MR, row0, panel)
+        tile(b, mr, row0, panel)
         return
     is_tail = b.icmp_unsigned("==", rb, _i64(blocks - 1))
     with b.if_else(is_tail) as (then, otherwise):
         with then:
             tile(b, tail, row0, panel)
         with otherwise:
-            tile(b, MR, row0, panel)
+            tile(b, mr, row0, panel)
 
 
 def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body) -> list:

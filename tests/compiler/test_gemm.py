@@ -80,3 +80,8 @@ def test_two_threads_match_one():
     cg.set_threads(2)
     two, = cg.run([a])
     np.testing.assert_array_equal(one, two)
+
+
+def test_tile_rows_use_the_fewest_blocks_then_the_shortest():
+    assert gemm.tile_rows(49) == 10  # 5 blocks of 10 (the last 9), not 4 of 12 and 1
+    assert gemm.tile_rows(3136) == 12 and gemm.tile_rows(32) == 11 and gemm.tile_rows(5) == 5
