@@ -63,8 +63,9 @@ class ConvShape:
     kh: int
     kw: int
     strides: tuple
-    pads: tuple  # top, left (the end pads only bound the output size)
+    pads: tuple  # top, left
     dilations: tuple
+    pads_end: tuple = (0, 0)  # bottom, right (they only bound the output size)
 
     @classmethod
     def of(cls, node) -> ConvShape:
@@ -73,7 +74,15 @@ class ConvShape:
         a = node.attrs
         return cls(x.shape[0], x.shape[1], x.shape[2], x.shape[3], y.shape[1], y.shape[2],
                    y.shape[3], w.shape[2], w.shape[3], tuple(a["strides"]),
-                   tuple(a["pads"][:2]), tuple(a["dilations"]))
+                   tuple(a["pads"][:2]), tuple(a["dilations"]), tuple(a["pads"][2:]))
+
+    @property
+    def wide_rows(self) -> bool:
+        """Without padding or dilation, a window row (kw, ci) is contiguous in NHWC: the
+        micro-kernel's inner loop can run over all KW * Cin of it (worth it for few
+        channels: the stem's 3; the layout pass pads such inputs ahead of time)."""
+        return (self.pads == (0, 0) and self.pads_end == (0, 0)
+                and self.dilations == (1, 1) and self.cin < 16)
 
     @property
     def m(self) -> int:
@@ -117,17 +126,21 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
     """Compute work item `item` (MR output pixels x NR output channels); then
     `after(b, rows, row0, panel)`, if given (an epilogue over the tile just stored)."""
     zeros = _zeros(b, s.cin)
+    wide = s.wide_rows
 
     def tile(b, rows, row0, panel):
         pix = [_pixel(b, s, b.add(row0, _i64(r))) for r in range(rows)]
 
         def row_ptrs(b, kk):
+            if wide:  # kk is kh: the window row's KW * Cin elements are contiguous
+                return [_wide_row(b, s, x_ptr, n, y0, x0, kk) for n, y0, x0 in pix]
             dy = b.mul(b.udiv(kk, _i64(s.kw)), _i64(s.dilations[0]))
             dx = b.mul(b.urem(kk, _i64(s.kw)), _i64(s.dilations[1]))
             return [_input_row(b, s, x_ptr, zeros, n, y0, x0, dy, dx) for n, y0, x0 in pix]
 
-        vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), s.kh * s.kw,
-                               s.cin, row_ptrs)
+        outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
+        vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer, inner,
+                               row_ptrs)
         gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr)
         if after is not None:
             after(b, rows, row0, panel)
@@ -144,6 +157,14 @@ def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:
     y0 = b.sub(b.mul(oh, _i64(s.strides[0])), _i64(s.pads[0]))
     x0 = b.sub(b.mul(ow, _i64(s.strides[1])), _i64(s.pads[1]))
     return n, y0, x0
+
+
+def _wide_row(b: ir.IRBuilder, s: ConvShape, x_ptr, n, y0, x0, kh):
+    """Pointer to X[n, y0 + kh, x0, :]: the KW * Cin elements of a window row (no padding,
+    so always inside the image)."""
+    off = b.mul(b.add(b.mul(b.add(b.mul(n, _i64(s.h)), b.add(y0, kh)), _i64(s.w)), x0),
+                _i64(s.cin))
+    return b.gep(x_ptr, [off], source_etype=F32, inbounds=True)
 
 
 def _input_row(b: ir.IRBuilder, s: ConvShape, x_ptr, zeros, n, y0, x0, dy, dx):

@@ -53,10 +53,23 @@ def _check_convert(eligible: Callable[[Node], str | None]):
     return check
 
 
+# A conv with fewer input channels than this (an image's 3) reads its input padded
+# ahead of time: a window row's (kw, ci) then lie contiguous in memory, so the kernel's
+# inner loop runs over KW * Cin elements instead of Cin (conv.py, "wide rows").
+PREPAD_MAX_CHANNELS = 16
+
+
 def _rewrite_convert(graph: Graph, node: Node, _match) -> Value:
     at = graph.nodes.index(node)
     x = graph.add_node("transpose", [node.inputs[0]], {"perm": TO_LAST}, index=at).output
     attrs = {**node.attrs, "layout": "NHWC"}
+    pads = tuple(attrs["pads"])
+    if node.op == "conv" and x.shape[3] < PREPAD_MAX_CHANNELS and any(pads) \
+            and tuple(attrs["dilations"]) == (1, 1):
+        at += 1
+        x = graph.add_node("pad", [x], {"pads": (0, pads[0], pads[1], 0, 0, pads[2], pads[3], 0),
+                                         "mode": "constant", "value": 0.0}, index=at).output
+        attrs["pads"] = (0, 0, 0, 0)
     y = graph.add_node(node.op, [x] + node.inputs[1:], attrs, name=node.name,
                        index=at + 1).output
     return graph.add_node("transpose", [y], {"perm": TO_FIRST}, index=at + 2).output

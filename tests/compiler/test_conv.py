@@ -46,6 +46,7 @@ CASES = [
     ((1, 8, 9, 6), 64, 3, (1, 2), (0, 1, 2, 0), (1, 1), True),  # uneven pads, strides
     ((1, 7, 7, 64), 64, 3, (1, 1), (1, 1, 1, 1), (1, 1), True),  # ResNet's 7x7 tail: 49 rows
     ((1, 32, 32, 3), 16, 7, (2, 2), (3, 3, 3, 3), (1, 1), True),  # the stem's shape, smaller
+    ((1, 38, 38, 3), 16, 7, (2, 2), (0, 0, 0, 0), (1, 1), True),  # pre-padded: wide rows
 ]
 
 

@@ -79,3 +79,21 @@ graph two(%x: f32[1,4,5,5]) -> (%y, %z) {
     verify(g)
     for a, b in zip(evaluate(g, [x]), want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_few_channel_convs_read_a_padded_copy():
+    """The stem (3 channels): the input is padded ahead of time, the conv has no pads, so
+    its kernel reads whole window rows (conv.py's wide rows)."""
+    w = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    g = parse_graph("""
+graph stem(%x: f32[1,3,8,8]) -> (%y) {
+  %w = const() {value=@w} : f32[8,3,3,3]
+  %y = conv(%x, %w) {strides=[2, 2], pads=[1, 1, 1, 1], dilations=[1, 1], group=1} : f32[1,8,4,4]
+}
+""", {"w": w})
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = evaluate(g, [x])[0]
+    channels_last(g, channels_last_refusal)
+    conv = next(n for n in g.nodes if n.op == "conv")
+    assert conv.inputs[0].producer.op == "pad" and not any(conv.attrs["pads"])
+    np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-5, atol=1e-5)
