@@ -160,26 +160,33 @@ def plan(graph: Graph) -> FusionPlan:
 
 def _epilogue(node: Node, users: dict, graph: Graph, claimed: set) -> list[Node]:
     """The elementwise ops applied to a contraction's result before anything else reads
-    it (bias, ReLU, residual add...): each the only reader of the previous value, of the
-    result's shape and dtype, no graph output in between. The contraction's kernel applies them
-    to each tile while it is in cache (epilogue fusion), so the raw result never gets a
-    buffer."""
+    it (bias, ReLU, GELU, residual add...), in graph order. They form a DAG fed by the
+    result and by values that do not depend on it, of the result's shape, whose values
+    are read only inside it except one, the root, of the result's dtype (the kernel stores
+    each tile in the root's buffer, then applies the epilogue there while it is in cache:
+    the raw result never gets a buffer). Nodes another contraction's epilogue claimed
+    are not taken (a residual add of two convs belongs to the first)."""
+    c = node.outputs[0]
+    inside, tainted = {c}, {c}  # the DAG's values; every value computed from c
     chain: list[Node] = []
-    v = node.outputs[0]
+    for n in graph.nodes[graph.nodes.index(node) + 1:]:
+        from_c = [u for u in n.inputs if u in tainted]
+        if not from_c:
+            continue
+        if (n.opdef.family is Family.ELEMENTWISE and n not in claimed
+                and n.outputs[0].shape == c.shape and all(u in inside for u in from_c)):
+            chain.append(n)
+            inside.add(n.outputs[0])
+        tainted.update(n.outputs)
     outputs = set(graph.outputs)
-    while v not in outputs:
-        readers = users.get(v, [])
-        if len(readers) != 1 or readers[0].opdef.family is not Family.ELEMENTWISE:
-            break
-        n = readers[0]
-        # the tile is stored in the root's buffer first: the same shape and dtype
-        if n.outputs[0].type != node.outputs[0].type or n.inputs.count(v) != 1:
-            break
-        if n in claimed:  # two contractions meet (a residual add of two convs): the
-            break         # first one's epilogue takes the add; this value is its operand
-        chain.append(n)
-        v = n.outputs[0]
-    return chain
+    while chain:  # drop the latest ops until exactly one value leaves: the root
+        taken = set(chain)
+        leaving = [v for v in [c] + [n.outputs[0] for n in chain]
+                   if v in outputs or any(r not in taken for r in users.get(v, []))]
+        if leaving == [chain[-1].outputs[0]] and chain[-1].outputs[0].type == c.type:
+            return chain
+        chain.pop()
+    return []
 
 
 def _epilogue_operands(node: Node, chain: list[Node]) -> list[Value]:

@@ -352,3 +352,29 @@ graph cast(%x: f32[4,8], %w: f32[8,16]) -> (%y) {
     p = plan(g)
     assert [n.op for n in p.kernels[0].nodes] == ["matmul", "neg"]
     _check_numbers(g)
+
+
+def test_gelu_and_residual_are_one_epilogue_dag():
+    """h = x@w + b read twice by GELU (h * 0.5 * (1 + erf(h / sqrt 2))), then + skip: the
+    whole DAG runs in the matmul's kernel; only its one value that leaves gets a buffer."""
+    g = _graph("""
+graph mlp(%x: f32[4,8], %w: f32[8,16], %b: f32[16], %skip: f32[4,16]) -> (%y, %z) {
+  %h0 = matmul(%x, %w) : f32[4,16]
+  %h = add(%h0, %b) : f32[4,16]
+  %r2 = const() {value=dense<f32[]: [1.4142135]>} : f32[]
+  %one = const() {value=dense<f32[]: [1.0]>} : f32[]
+  %half = const() {value=dense<f32[]: [0.5]>} : f32[]
+  %d = div(%h, %r2) : f32[4,16]
+  %e = erf(%d) : f32[4,16]
+  %a = add(%e, %one) : f32[4,16]
+  %m = mul(%h, %a) : f32[4,16]
+  %gl = mul(%m, %half) : f32[4,16]
+  %y = add(%skip, %gl) : f32[4,16]
+  %z = reduce_sum(%y) {axes=[1], keepdims=true} : f32[4,1]
+}
+""")
+    p = plan(g)
+    assert [n.op for n in p.kernels[0].nodes] == [
+        "matmul", "add", "div", "erf", "add", "mul", "mul", "add"]
+    assert not {"h0", "h", "e", "gl"} & {v.name for v in p.materialized}
+    _check_numbers(g)
