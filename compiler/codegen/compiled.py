@@ -14,9 +14,11 @@ ctypes releases the GIL during the native call.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +29,7 @@ from compiler.errors import CompileError, InputError
 from compiler.ir import Graph, Value
 from compiler.kernels import conv, gemm
 from compiler.passes.fuse import FusionPlan, plan
+from compiler.text import print_graph
 
 ALIGN = 64  # arena buffers start on cache lines
 _RUN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)
@@ -104,14 +107,34 @@ class CompiledGraph:
         self._offsets, self.arena_bytes = arena_plan(self.plan, self._inter)
         self._in_dtypes = [dtypes.to_numpy(v.dtype) for v in self._inputs]
         self._out_specs = [(v.shape, dtypes.to_numpy(v.dtype)) for v in self._outputs]
+        self._llvm_ir: str | None = None
         if object_code is None:
-            self.llvm_ir = Renderer(graph, self.plan, self.slots).render()
-            self.object_code = _compile(self.llvm_ir, cache)
-        else:  # saved code (an artifact): the plans above are recomputed, LLVM is not run
-            self.llvm_ir, self.object_code = None, object_code
+            object_code = self._compile(cache)
+        # else saved code (an artifact): the plans above are recomputed, LLVM is not run
+        self.object_code = object_code
         self._jit = llvm_cpu.JitModule(object_code=self.object_code)  # keeps code alive
         self._fn = _RUN(self._jit.address("run"))
         self._local = threading.local()
+
+    @property
+    def llvm_ir(self) -> str:
+        """The rendered LLVM module (rendered on demand when the code came from a cache)."""
+        if self._llvm_ir is None:
+            self._llvm_ir = Renderer(self.graph, self.plan, self.slots).render()
+        return self._llvm_ir
+
+    def _compile(self, cache) -> bytes:
+        """Object code: from `cache` (get/put by key) when it has this graph's, else
+        rendered and compiled. The key is the graph's text, not the LLVM IR's: a hit
+        costs no rendering (kernels read constants through pointers, so the code does
+        not depend on large constants' values, which the text names but does not hold)."""
+        key = cache_key(self.graph) if cache is not None else None
+        obj = cache.get(key) if key is not None else None
+        if obj is None:
+            obj = _compile_uncached(self.llvm_ir)
+            if key is not None:
+                cache.put(key, obj)
+        return obj
 
     @classmethod
     def from_object_code(cls, graph: Graph, object_code: bytes, threads: int = 2):
@@ -254,17 +277,22 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _compile(llvm_ir: str, cache) -> bytes:
-    """Object code for the module: from `cache` (get/put by key) when it has it."""
-    if cache is None:
-        return _compile_uncached(llvm_ir)
-    key = hashlib.sha256("\0".join([llvm_ir, *llvm_cpu.host(), __version__]).encode())
-    key = key.hexdigest()
-    obj = cache.get(key)
-    if obj is None:
-        obj = _compile_uncached(llvm_ir)
-        cache.put(key, obj)
-    return obj
+def cache_key(graph: Graph) -> str:
+    """The compile cache's key for a cluster: its IR text, the host CPU, braze's version
+    and a fingerprint of the compiler's own source (a changed codegen never reuses code)."""
+    text = print_graph(graph)
+    parts = [text, *llvm_cpu.host(), __version__, compiler_fingerprint()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """A hash of every source file of the compiler package (read once per process)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
 
 def _compile_uncached(llvm_ir: str) -> bytes:
