@@ -36,6 +36,11 @@ log = logging.getLogger("braze")
 FACTORY_CONST_LIMIT = 1 << 22
 
 
+class UnrepresentableGraph(CompileError):
+    """The graph holds a tensor of a dtype braze's IR has no type for (complex32, ...):
+    not even a host node can carry it, so the whole graph runs on torch."""
+
+
 @dataclass(frozen=True)
 class Slot:
     """Where an IR input of a host node goes in the aten call's arguments."""
@@ -135,7 +140,7 @@ class _Importer:
         arg = self.args[i]
         if not isinstance(arg, torch.Tensor):
             return arg  # a SymInt (or other scalar), concrete at this specialization
-        t = tensor_type(arg)
+        t = _ir_type(node, arg)
         if i in self.frozen:
             return self.graph.const(self.frozen[i], name=node.name)
         self.result.input_indices.append(i)
@@ -260,7 +265,7 @@ class _Importer:
         picks, types = [], []
         for path, t in _tensor_leaves(val):
             picks.append(path)
-            types.append(tensor_type(t))
+            types.append(_ir_type(node, t))
         key = f"{node.name}"
         strides = [eager_strides.get(v) for v in inputs]
         self.result.host_ops[key] = HostOp(target, h_args, h_kwargs, picks, strides)
@@ -271,6 +276,15 @@ class _Importer:
         if not isinstance(val, (tuple, list)):
             return n.outputs[0]
         return _rebuild(val, dict(zip(picks, n.outputs)))
+
+
+def _ir_type(node: torch.fx.Node, val) -> TensorType:
+    """The IR type of a node's (fake) tensor; UnrepresentableGraph where braze has none."""
+    try:
+        return tensor_type(val)
+    except Fallback as e:
+        what = "input" if node.op == "placeholder" else op_name(node.target)
+        raise UnrepresentableGraph(f"fx node {node.name} ({what}): {e}") from None
 
 
 def _restride(t, stride):

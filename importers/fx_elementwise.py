@@ -62,7 +62,10 @@ _LOGICAL = {aten.logical_and.default: "and", aten.logical_or.default: "or",
 
 def _unary(ir_op):
     def convert(cx: Ctx, x):
-        return cx.op(ir_op, cx.cast(x, cx.out().dtype))
+        dt = cx.out().dtype
+        if ir_op == "bitnot" and dt == "bool":
+            return cx.op("not", x)  # ~mask: bitwise not of a bool is logical not
+        return cx.op(ir_op, cx.cast(x, dt))
     return convert
 
 

@@ -53,6 +53,15 @@ def _expand(cx: Ctx, x, sizes, implicit=False):
     return x if x.shape == out else cx.op("broadcast", x, shape=out)
 
 
+@converts(aten.full_like.default)
+def _full_like(cx: Ctx, x, fill_value, **kwargs):
+    """A scalar broadcast to x's shape (only x's metadata is read; zeros_like decomposes
+    to this)."""
+    out = cx.out()
+    v = cx.scalar(fill_value, out.dtype)
+    return v if out.shape == () else cx.op("broadcast", v, shape=out.shape)
+
+
 def slice_bounds(size: int, start, end, step: int) -> tuple[int, int]:
     """aten.slice's clamping: (start, length) of the selected range."""
     start = 0 if start is None else start

@@ -42,6 +42,26 @@ def test_registered_by_entry_point():
     assert "braze" in torch._dynamo.list_backends()
 
 
+def test_backend_found_without_importing_braze(tmp_path):
+    """A fresh interpreter, outside the repository: torch finds braze by its entry point."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "assert not any(m.split('.')[0] == 'bridge' for m in sys.modules)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.GELU())\n"
+        "x = torch.randn(2, 4)\n"
+        "with torch.no_grad():\n"
+        "    y = torch.compile(m, backend='braze', options={'strict': True})(x)\n"
+        "torch.testing.assert_close(y, m(x))\n"
+        "assert 'bridge.torch_backend' in sys.modules\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_mlp_inference_dumps_ir_and_llvm(tmp_path):
     m = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4),
                       nn.Softmax(-1)).eval()
@@ -99,13 +119,9 @@ def test_non_contiguous_input():
     check_inference(m, torch.randn(6, 4).t())
 
 
-def test_mlp_training_loop_matches_eager():
-    def make():
-        torch.manual_seed(3)
-        return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
-                             nn.Linear(32, 1))
-
-    data = [(torch.randn(16, 10), torch.randn(16, 1)) for _ in range(20)]
+def _training_losses(make, batch_shape) -> tuple[list, list]:
+    """Losses of 20 SGD steps: eager, and a second copy (same seed) under braze."""
+    data = [(torch.randn(*batch_shape), torch.randn(batch_shape[0], 1)) for _ in range(20)]
 
     def losses(model, step_fn):
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -120,9 +136,61 @@ def test_mlp_training_loop_matches_eager():
 
     eager = make()
     ours = make()
-    expected = losses(eager, eager)
-    got = losses(ours, compiled(ours))
+    return losses(eager, eager), losses(ours, compiled(ours))
+
+
+def test_mlp_training_loop_matches_eager():
+    def make():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
+                             nn.Linear(32, 1))
+
+    expected, got = _training_losses(make, (16, 10))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+
+
+def test_small_cnn_training_loop_matches_eager():
+    """Conv, batch norm in training mode (running statistics updated), max pooling."""
+    def make():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 1))
+
+    expected, got = _training_losses(make, (4, 3, 16, 16))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+
+
+def test_sdpa_training_gradients_match_eager():
+    """torch's decomposition of the CPU flash-attention op returns the attention weights
+    where its backward expects the logsumexp: braze keeps the op whole."""
+    def f(q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(2, 4, 5, 8, requires_grad=True) for _ in range(3))
+    f(q, k, v).square().sum().backward()
+    expected = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    compiled(f)(q, k, v).square().sum().backward()
+    for t, e in zip((q, k, v), expected):
+        torch.testing.assert_close(t.grad, e, rtol=RTOL, atol=ATOL)
+
+
+def test_dtype_without_ir_type_runs_graph_on_torch(caplog):
+    """complex32 has no IR type (not even for a host node): the graph runs on torch,
+    logged at INFO, also under strict; allow_fallback=False refuses it."""
+    def f(x):
+        return (x * 2).chalf()
+
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.INFO, logger="braze"):
+        torch.testing.assert_close(compiled(f)(x), f(x))
+    assert any("complex32" in r.getMessage() and r.levelno == logging.INFO
+               for r in caplog.records)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="complex32.*allow_fallback=False"):
+        compiled(f, allow_fallback=False)(x)
 
 
 def test_unsupported_op_runs_on_torch_and_is_logged(caplog):

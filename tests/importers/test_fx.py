@@ -99,6 +99,8 @@ def test_symbolic_graph_specializes_with_concrete_values():
     lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
     lambda x: torch.where(x > 0, x, 0.5),
     lambda x: torch.div(x * 7, 2, rounding_mode="floor"),
+    lambda x: torch.where(~(x > 0), torch.full_like(x, 2.5), x),
+    lambda x: torch.full_like(x, 3, dtype=torch.int64) + x.sum(),
 ])
 def test_converters_match_eager(fn):
     x = torch.randn(4, 6)
