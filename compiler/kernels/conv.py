@@ -122,13 +122,16 @@ def _zeros(b: ir.IRBuilder, cin: int):
 
 
 def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
-              item, after=None) -> None:
-    """Compute work item `item` (MR output pixels x NR output channels); then
-    `after(b, rows, row0, panel)`, if given (an epilogue over the tile just stored)."""
+              item, after=None, before=None, transform=None) -> None:
+    """Compute work item `item` (MR output pixels x NR output channels); before,
+    `before(b, rows, row0, panel)`, and after, `after(...)`, if given (prefetches for
+    the tile; an epilogue over the tile just stored)."""
     zeros = _zeros(b, s.cin)
     wide = s.wide_rows
 
     def tile(b, rows, row0, panel):
+        if before is not None:
+            before(b, rows, row0, panel)
         pix = [_pixel(b, s, b.add(row0, _i64(r))) for r in range(rows)]
 
         def row_ptrs(b, kk):
@@ -141,11 +144,11 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
         vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer, inner,
                                row_ptrs)
-        gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr)
+        gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
         if after is not None:
             after(b, rows, row0, panel)
 
-    gemm.for_each_tile(b, s.m, s.cout, item, tile)
+    gemm.for_each_tile(b, s.m, s.cout, item, tile, gemm.row_major(s.k, s.cout))
 
 
 def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:

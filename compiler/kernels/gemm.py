@@ -106,21 +106,24 @@ def _splat(b: ir.IRBuilder, x):
 
 
 def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
-              after=None) -> None:
-    """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`; then
-    `after(b, rows, row0, panel)`, if given (an epilogue over the tile just stored)."""
+              after=None, before=None, transform=None) -> None:
+    """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`; before,
+    `before(b, rows, row0, panel)`, and after, `after(...)`, if given (prefetches for
+    the tile; an epilogue over the tile just stored)."""
     def tile(b, rows, row0, panel):
+        if before is not None:
+            before(b, rows, row0, panel)
         def row_ptrs(b, kk):
             return [b.gep(a_ptr, [b.mul(b.add(row0, _i64(r)), _i64(shape.k))],
                           source_etype=F32, inbounds=True) for r in range(rows)]
 
         vals = accumulate(b, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1, shape.k,
                           row_ptrs)
-        store_tile(b, shape.n, rows, vals, c_ptr, row0, panel)
+        store_tile(b, shape.n, rows, vals, c_ptr, row0, panel, transform=transform)
         if after is not None:
             after(b, rows, row0, panel)
 
-    for_each_tile(b, shape.m, shape.n, item, tile)
+    for_each_tile(b, shape.m, shape.n, item, tile, row_major(shape.k, shape.n))
 
 
 def tile_rows(m: int) -> int:
@@ -129,13 +132,27 @@ def tile_rows(m: int) -> int:
     return -(-m // blocks)
 
 
-def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile) -> None:
+# Packed weights up to this size are re-read from cache for every row block: tiles then
+# go row-block-major, so a thread writes (and an epilogue reads) whole rows of C, one
+# contiguous stretch; larger weights go panel-major, each panel streamed once per thread.
+ROW_MAJOR_MAX_WEIGHT_BYTES = 1 << 18
+
+
+def row_major(k: int, n: int) -> bool:
+    """Whether a K x N weight is small enough for row-block-major tiles."""
+    return k * -(-n // NR) * NR * 4 <= ROW_MAJOR_MAX_WEIGHT_BYTES
+
+
+def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile, by_rows: bool = False) -> None:
     """Work item `item` -> tile(b, rows, row0, panel), rows = tile_rows(m) or the last
-    block's remainder."""
+    block's remainder; consecutive items share a panel, or (`by_rows`) a row block."""
     mr = tile_rows(m)
     blocks = -(-m // mr)
-    rb = b.urem(item, _i64(blocks))
-    panel = b.udiv(item, _i64(blocks))
+    if by_rows:
+        panels = -(-n // NR)
+        rb, panel = b.udiv(item, _i64(panels)), b.urem(item, _i64(panels))
+    else:
+        rb, panel = b.urem(item, _i64(blocks)), b.udiv(item, _i64(blocks))
     row0 = b.mul(rb, _i64(mr))
     tail = m % mr
     if tail == 0:
@@ -147,6 +164,17 @@ def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile) -> None:
             tile(b, tail, row0, panel)
         with otherwise:
             tile(b, mr, row0, panel)
+
+
+def prefetch(b: ir.IRBuilder, ptr, write: bool) -> None:
+    """Ask for the cache line at `ptr` (into L1) ahead of its use."""
+    mod = b.module
+    try:
+        fn = mod.get_global("llvm.prefetch.p0")
+    except KeyError:
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]),
+                         "llvm.prefetch.p0")
+    b.call(fn, [ptr, ir.Constant(I32, int(write)), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body) -> list:
@@ -203,8 +231,9 @@ def accumulate(b: ir.IRBuilder, rows: int, packed_ptr, panel_k, k_outer: int,
 
 
 def store_tile(b: ir.IRBuilder, n: int, rows: int, vals, c_ptr, row0, panel,
-               bias_ptr=None) -> None:
-    """Write the tile into row-major C[., n] (+ bias[col], bias padded to whole panels);
+               bias_ptr=None, transform=None) -> None:
+    """Write the tile into row-major C[., n] (+ bias[col], bias padded to whole panels;
+    then `transform(b, rows, row0, col0, vals) -> vals`, an epilogue on the registers);
     the last panel stores only its columns below n."""
     panels = -(-n // NR)
     last_cols = n - (panels - 1) * NR
@@ -213,6 +242,8 @@ def store_tile(b: ir.IRBuilder, n: int, rows: int, vals, c_ptr, row0, panel,
         bias = [b.load(b.gep(bias_ptr, [b.add(col0, _i64(v * VEC))], source_etype=F32,
                              inbounds=True), typ=V16, align=4) for v in range(NV)]
         vals = [b.fadd(x, bias[i % NV]) for i, x in enumerate(vals)]
+    if transform is not None:
+        vals = transform(b, rows, row0, col0, vals)
 
     def store(cols: int) -> None:
         for r in range(rows):

@@ -140,3 +140,29 @@ graph block(%x: f32[1,5,5,6], %skip: f32[1,5,5,40]) -> (%y) {
     y, = cg.run([x, skip])
     want = np.maximum(_torch_conv(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1)) + skip, 0)
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_register_epilogue_and_row_major_tiles():
+    """Residual add + ReLU on whole panels run on the accumulator vectors (no in-place
+    pass after the store), and a small weight takes row-block-major tiles."""
+    from compiler.kernels import gemm
+
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
+    g = parse_graph("""
+graph block(%x: f32[1,6,6,16], %skip: f32[1,6,6,64]) -> (%y) {
+  %w = const() {value=@w} : f32[64,16,1,1]
+  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
+  %c = conv(%x, %w) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1, layout="NHWC"} : f32[1,6,6,64]
+  %s = add(%c, %skip) : f32[1,6,6,64]
+  %y = max(%s, %zero) : f32[1,6,6,64]
+}
+""", {"w": w})
+    cg = compile_graph(g)
+    assert "llvm.maximum.v16f32" in cg.llvm_ir and "llvm.prefetch" in cg.llvm_ir
+    assert gemm.row_major(16, 64) and not gemm.row_major(4608, 512)
+    x = rng.standard_normal((1, 6, 6, 16)).astype(np.float32)
+    skip = rng.standard_normal((1, 6, 6, 64)).astype(np.float32)
+    y, = cg.run([x, skip])
+    want = np.maximum(_torch_conv(x, w, None, (1, 1), (0, 0, 0, 0), (1, 1)) + skip, 0)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
