@@ -272,9 +272,27 @@ def _read_unpacked(v: Value, graph: Graph) -> bool:
     return False
 
 
-def _address(a: np.ndarray) -> int:
-    """The data pointer (the array interface is several times cheaper than `.ctypes`)."""
+def _interface_address(a: np.ndarray) -> int:
+    """The data pointer, through the array interface (several times cheaper than `.ctypes`)."""
     return a.__array_interface__["data"][0]
+
+
+def _struct_address_reader():
+    """A reader of an ndarray's data pointer straight from its C struct (numpy's
+    PyArrayObject: the object header, then `char *data`), about 5x cheaper than the
+    array interface; None unless it agrees with the interface on this build."""
+    offset, read = object.__basicsize__, ctypes.c_void_p.from_address
+    probe = np.arange(3, dtype=np.float32)[1:]
+    try:
+        if read(id(probe) + offset).value != _interface_address(probe):
+            return None
+    except (ValueError, OSError):
+        return None
+    return lambda a: read(id(a) + offset).value
+
+
+_read_address = _struct_address_reader()
+_address = _interface_address if _read_address is None else _read_address
 
 
 def cache_key(graph: Graph) -> str:
