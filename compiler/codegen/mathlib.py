@@ -30,6 +30,7 @@ LN2_LO = 1.428606765330187e-06
 LOG2E = 1.4426950408889634
 EXP_HI = 88.72283935546875  # largest x with a finite float32 exp(x)
 EXP_LO = -103.98  # below this exp(x) rounds to 0 (2^-150 is half the least denormal)
+EXP_FLOOR = -110.0  # exp clamps x here: its formula then rounds to 0 with no select
 TANH_SMALL = 0.25  # Taylor series below, exp-based formula above (cancellation <= 2 bits)
 ERF_SMALL = 1.0  # Taylor series below, erfc-based formula above
 ERF_ONE = 4.0  # erf(x) rounds to 1.0f beyond this
@@ -58,17 +59,20 @@ def _select_nan(b, x, result):
 
 def exp_f32(b: ir.IRBuilder, x):
     """exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2]."""
-    xc = b.select(b.fcmp_ordered(">", x, _c(EXP_HI)), _c(EXP_HI), x)
-    xc = b.select(b.fcmp_ordered("<", xc, _c(EXP_LO)), _c(EXP_LO), xc)
+    # clamp with min/max (one instruction each; a NaN comes back as itself at the end)
+    xc = b.call(_intrinsic(b, "llvm.minnum.f32"), [x, _c(EXP_HI)])
+    xc = b.call(_intrinsic(b, "llvm.maxnum.f32"), [xc, _c(EXP_FLOOR)])
     n = b.call(_intrinsic(b, "llvm.rint.f32"), [b.fmul(xc, _c(LOG2E))])
-    r = b.fsub(b.fsub(xc, b.fmul(n, _c(LN2_HI))), b.fmul(n, _c(LN2_LO)))
+    # r = x - n ln2 in two fused steps (Cody-Waite; each product rounded once, in the FMA)
+    r = _fast(b.fsub(xc, _fast(b.fmul(n, _c(LN2_HI)))))
+    r = _fast(b.fsub(r, _fast(b.fmul(n, _c(LN2_LO)))))
     p = _poly(b, r, [1.0, 1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
-    # 2^n as 2^n1 * 2^n2 (n1 = n >> 1): both factors stay normal for n in [-150, 128]
+    # 2^n as 2^n1 * 2^n2 (n1 = n >> 1): both factors stay normal for n in [-159, 128];
+    # below EXP_LO the product rounds to 0 by itself (x is clamped at EXP_FLOOR)
     ni = b.fptosi(n, I32)
     n1 = b.ashr(ni, ir.Constant(I32, 1))
     scaled = b.fmul(b.fmul(p, _pow2(b, n1)), _pow2(b, b.sub(ni, n1)))
     out = b.select(b.fcmp_ordered(">", x, _c(EXP_HI)), _c(math.inf), scaled)
-    out = b.select(b.fcmp_ordered("<", x, _c(EXP_LO)), _c(0.0), out)
     return _select_nan(b, x, out)
 
 
@@ -153,7 +157,7 @@ def _intrinsic(b: ir.IRBuilder, name: str):
     try:
         return module.get_global(name)
     except KeyError:
-        arity = 2 if name.startswith("llvm.copysign") else 1
+        arity = 2 if name.startswith(("llvm.copysign", "llvm.minnum", "llvm.maxnum")) else 1
         return ir.Function(module, ir.FunctionType(F32, [F32] * arity), name)
 
 
