@@ -49,8 +49,16 @@ class Executable:
         for s in self.output_slots:
             self._copy.append(s in shared or s in seen)
             seen.add(s)
+        # one step reading the inputs and writing the outputs, in order (a model compiled
+        # whole): run it directly, with no slots
+        only = self.steps[0] if len(self.steps) == 1 else None
+        self._direct = only.fn if (
+            only is not None and only.args == self.input_slots and not self.constants
+            and only.results == self.output_slots and not any(self._copy)) else None
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self._direct is not None:
+            return list(self._direct(arrays))
         env: list = [None] * self.n_slots
         for s, a in zip(self.input_slots, arrays):
             env[s] = a
