@@ -402,13 +402,19 @@ def export_onnx(graph: Graph, *, output_names: list[str] | None = None, opset: i
     em = _Emitter(choose_opset(graph, payloads, opset))
     em.names.update(v.name for v in graph.values())
     defined: dict[str, str] = {v.name: v.name for v in graph.values()}
+    pools = _global_average_pools(graph)
+    absorbed = {p.inputs[0].producer for p in pools}
     for n in graph.nodes:
         ins = [v.name for v in n.inputs]
         outs = [v.name for v in n.outputs]
+        if n in absorbed:
+            continue  # its one reader, a mean's division, writes GlobalAveragePool
         if n.op == "const":
             em.inits[outs[0]] = np.asarray(n.attrs["value"])
         elif n.op == "host":
             _host(em, n, payloads[n], ins, outs, defined)
+        elif n in pools:
+            em.add("GlobalAveragePool", [n.inputs[0].producer.inputs[0].name], outs)
         else:
             _export_node(em, n, ins, outs)
     out_names = _graph_outputs(em, graph, output_names)
@@ -431,6 +437,27 @@ def export_onnx(graph: Graph, *, output_names: list[str] | None = None, opset: i
         if init_name in read:  # a peephole may orphan one
             _fill_tensor(g.initializer.add(), init_name, array)
     return model
+
+
+def _global_average_pools(graph: Graph) -> set[Node]:
+    """div(reduce_sum(x, spatial axes, keepdims), count) nodes whose sum has no other
+    reader: a GlobalAveragePool (as the importer decomposed it), written back as one."""
+    users = graph.users()
+    found = set()
+    for n in graph.nodes:
+        if n.op != "div" or n.outputs[0].dtype not in dtypes.FLOATS:
+            continue
+        r, c = (u.producer for u in n.inputs)
+        if r is None or c is None or r.op != "reduce_sum" or c.op != "const":
+            continue
+        x = r.inputs[0]
+        spatial = tuple(range(2, len(x.shape)))
+        count = float(np.prod([x.shape[d] for d in spatial]))
+        if (len(x.shape) >= 3 and tuple(r.attrs["axes"]) == spatial and r.attrs["keepdims"]
+                and c.attrs["value"].size == 1 and float(c.attrs["value"].reshape(-1)[0]) == count
+                and len(users.get(r.outputs[0], [])) == 1 and r.outputs[0] not in graph.outputs):
+            found.add(n)
+    return found
 
 
 def _fill_tensor(t: onnx.TensorProto, name: str, array: np.ndarray) -> None:

@@ -200,6 +200,23 @@ def test_relu_peephole_and_output_names():
     assert not model.graph.initializer  # the orphaned zero is pruned
 
 
+def test_mean_over_spatial_dims_is_written_as_global_average_pool():
+    g = Graph()
+    x = g.add_input("x", TensorType("f32", (2, 3, 4, 5)))
+    s = g.op("reduce_sum", x, axes=(2, 3), keepdims=True)
+    g.outputs = [g.op("div", s, g.const(np.float32(20), "count"))]
+    model = export_onnx(g)
+    assert [n.op_type for n in model.graph.node] == ["GlobalAveragePool"]
+    xv = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    got = OnnxHostStep(g, threads=1)([xv])[0]
+    assert_close(got, xv.mean(axis=(2, 3), keepdims=True))
+    other = Graph()  # a sum read elsewhere too stays a ReduceSum and a Div
+    x = other.add_input("x", TensorType("f32", (2, 3, 4, 5)))
+    s = other.op("reduce_sum", x, axes=(2, 3), keepdims=True)
+    other.outputs = [other.op("div", s, other.const(np.float32(20), "count")), s]
+    assert "GlobalAveragePool" not in [n.op_type for n in export_onnx(other).graph.node]
+
+
 # -- opsets and host nodes ------------------------------------------------------------------
 
 def _host_node(g: Graph, x, op_type="CumSum", opset=14, captured=()):
