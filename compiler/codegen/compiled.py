@@ -27,7 +27,7 @@ from compiler.codegen import llvm_cpu
 from compiler.codegen.cpu import PACKED, Renderer
 from compiler.errors import CompileError, InputError
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm
+from compiler.kernels import conv, gemm, winograd
 from compiler.passes.fuse import FusionPlan, plan
 from compiler.text import print_graph
 
@@ -249,6 +249,8 @@ def packers(node) -> dict:
     (empty when the node runs on a kernel reading its inputs as they are)."""
     if node.op == "matmul" and gemm.refusal(node) is None:
         return {1: gemm.pack_b}
+    if node.op == "conv" and winograd.refusal(node) is None:
+        return {1: winograd.pack_weight, 2: conv.pack_bias}
     if node.op == "conv" and conv.refusal(node) is None:
         return {1: conv.pack_weight, 2: conv.pack_bias}
     return {}

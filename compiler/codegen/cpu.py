@@ -29,7 +29,7 @@ from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delineari
 from compiler.codegen.ops_llvm import (I32, I64, binary_float, binary_int, llvm_type,
                                        storage_type)
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm
+from compiler.kernels import conv, gemm, winograd
 from compiler.ops import Family
 from compiler.passes.fuse import Kernel
 
@@ -94,6 +94,18 @@ class Renderer:
             after, before, regs = self._tile_hooks(ptrs, k)
             _loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
                                                          ptrs[root], o, after, before, regs))
+        elif node is not None and node.op == "conv" and winograd.refusal(node) is None:
+            shape = winograd.WinogradShape.of(node)
+            outer, work = shape.items, shape.macs
+            x = node.inputs[0]
+            extra = [(PACKED, u) for u in node.inputs[1:]]
+            packed = self._buffers(b, bufs, extra)
+            bias = packed[extra[1]] if len(extra) > 1 else None
+            zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
+            epilogue, post = self._winograd_hooks(ptrs, k)
+            _loop(b, lo, hi, lambda b, o: winograd.emit_item(
+                b, shape, ptrs[x], packed[extra[0]], bias, ptrs[root], o, zeros, epilogue,
+                post))
         elif node is not None and node.op == "conv":
             shape = conv.ConvShape.of(node)
             outer, work = shape.items, shape.macs
@@ -235,10 +247,30 @@ class Renderer:
         return after, self._tile_prefetch(ptrs, k), regs
 
     def _register_epilogue(self, ptrs, k: Kernel):
-        """The epilogue applied to the tile's accumulator vectors before they are stored,
-        where every op is one vector instruction (REGISTER_OPS) and every other operand a
-        scalar constant, a buffer of the root's shape, or a row of N values broadcast
-        along the rows (bias-like); float32, whole panels. None otherwise."""
+        """The epilogue applied to the tile's accumulator vectors before they are stored
+        (`_register_apply` per vector); None where it cannot run on registers."""
+        apply = self._register_apply(ptrs, k)
+        if apply is None:
+            return None
+        n = k.root.shape[-1]
+
+        def transform(b, rows, row0, col0, vals):
+            out = []
+            for r in range(rows):
+                base = b.add(b.mul(b.add(row0, i64(r)), i64(n)), col0)
+                for v in range(gemm.NV):
+                    out.append(apply(b, vals[r * gemm.NV + v], b.add(base, i64(v * gemm.VEC)),
+                                     b.add(col0, i64(v * gemm.VEC))))
+            return out
+
+        return transform
+
+    def _register_apply(self, ptrs, k: Kernel):
+        """`apply(b, vec, off, col) -> vec`: the epilogue on one output vector (16 floats at
+        element offset `off` of the root, channel `col`), where every op is one vector
+        instruction (REGISTER_OPS) and every other operand a scalar constant, a buffer of
+        the root's shape, or a row of N values broadcast along the rows (bias-like);
+        float32, whole panels. None otherwise (or when there is no epilogue)."""
         root, raw = k.root, k.contraction.outputs[0]
         n = root.shape[-1]
         epi = [node for node in k.nodes if node is not k.contraction]
@@ -252,21 +284,26 @@ class Renderer:
                 if u not in inside and _operand_kind(u, root, ptrs) is None:
                     return None
 
-        def transform(b, rows, row0, col0, vals):
-            out = []
-            for r in range(rows):
-                base = b.add(b.mul(b.add(row0, i64(r)), i64(n)), col0)
-                for v in range(gemm.NV):
-                    env = {raw: vals[r * gemm.NV + v]}
-                    for node in epi:
-                        args = [env[u] if u in env else
-                                _operand_vector(b, u, root, ptrs, base, b.add(col0, i64(
-                                    v * gemm.VEC)), v) for u in node.inputs]
-                        env[node.outputs[0]] = REGISTER_OPS[node.op](b, *args)
-                    out.append(env[root])
-            return out
+        def apply(b, vec, off, col):
+            env = {raw: vec}
+            for node in epi:
+                args = [env[u] if u in env else _operand_vector(b, u, root, ptrs, off, col)
+                        for u in node.inputs]
+                env[node.outputs[0]] = REGISTER_OPS[node.op](b, *args)
+            return env[root]
 
-        return transform
+        return apply
+
+    def _winograd_hooks(self, ptrs, k: Kernel) -> tuple:
+        """(epilogue on registers, in-place epilogue after each store) for a Winograd conv:
+        at most one of them; both None when the kernel has no epilogue."""
+        if k.root is k.contraction.outputs[0]:
+            return None, None
+        apply = self._register_apply(ptrs, k)
+        if apply is not None:
+            return apply, None
+        return None, lambda b, pixel, col: self._epilogue(b, ptrs, k, pixel, col,
+                                                          i64(gemm.VEC))
 
     def _tile_prefetch(self, ptrs, k: Kernel):
         """A function that prefetches, before a tile's K loop, the lines of the tile in the
@@ -498,15 +535,15 @@ def _operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
     return None
 
 
-def _operand_vector(b, u: Value, root: Value, ptrs: dict, base, col, v: int):
-    """The 16 lanes of `u` for one accumulator vector (row offset `base` + v*16, column
-    `col`), per `_operand_kind`."""
+def _operand_vector(b, u: Value, root: Value, ptrs: dict, off, col):
+    """The 16 lanes of `u` for one output vector (element offset `off` of the root,
+    channel `col`), per `_operand_kind`."""
     kind = _operand_kind(u, root, ptrs)
     if kind == "scalar":
         return ir.Constant(gemm.V16, [float(u.producer.attrs["value"].reshape(-1)[0])]
                            * gemm.VEC)
-    off = b.add(base, i64(v * gemm.VEC)) if kind == "full" else col
-    ptr = b.gep(ptrs[u], [off], source_etype=gemm.F32, inbounds=True)
+    ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
+                inbounds=True)
     return b.load(ptr, typ=gemm.V16, align=4)
 
 

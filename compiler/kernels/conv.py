@@ -105,7 +105,7 @@ def _i64(n: int) -> ir.Constant:
     return ir.Constant(I64, int(n))
 
 
-def _zeros(b: ir.IRBuilder, cin: int):
+def zeros_row(b: ir.IRBuilder, cin: int):
     """A module-level row of at least `cin` zeros."""
     mod = b.module
     name = f"{_ZEROS}.{cin}"
@@ -126,7 +126,7 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
     """Compute work item `item` (MR output pixels x NR output channels); before,
     `before(b, rows, row0, panel)`, and after, `after(...)`, if given (prefetches for
     the tile; an epilogue over the tile just stored)."""
-    zeros = _zeros(b, s.cin)
+    zeros = zeros_row(b, s.cin)
     wide = s.wide_rows
 
     def tile(b, rows, row0, panel):

@@ -166,3 +166,63 @@ graph block(%x: f32[1,6,6,16], %skip: f32[1,6,6,64]) -> (%y) {
     y, = cg.run([x, skip])
     want = np.maximum(_torch_conv(x, w, None, (1, 1), (0, 0, 0, 0), (1, 1)) + skip, 0)
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("x_shape,cout,pads", [
+    ((1, 8, 8, 16), 32, (1, 1, 1, 1)),  # whole 2x2 tiles
+    ((2, 9, 11, 32), 64, (1, 1, 1, 1)),  # odd sides: the last tiles hang over the image
+    ((1, 10, 9, 16), 32, (0, 1, 2, 0)),  # uneven padding
+    ((1, 7, 7, 64), 64, (1, 1, 1, 1)),  # ResNet's 7x7 maps
+])
+def test_winograd_3x3_matches_torch(x_shape, cout, pads):
+    """3x3 stride-1 convs with enough channels run on F(2x2, 3x3); the transforms add
+    rounding of a few ulps (G, B, A hold 0, +-1, +-1/2)."""
+    from compiler.kernels import winograd
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((cout, x_shape[3], 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    g = _conv_graph(x_shape, w, bias, (1, 1), pads, (1, 1))
+    node = next(n for n in g.nodes if n.op == "conv")
+    assert winograd.refusal(node) is None
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y, = compile_graph(g).run([x])
+    want = _torch_conv(x, w, bias, (1, 1), pads, (1, 1))
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+def test_winograd_says_why_not():
+    from compiler.kernels import winograd
+
+    rng = np.random.default_rng(6)
+    for shape, k, strides, why in [((1, 9, 9, 16), 32, (2, 2), "stride-1"),
+                                   ((1, 9, 9, 8), 32, (1, 1), "multiples of 16"),
+                                   ((1, 5, 5, 16), 32, (1, 1), "too few")]:
+        w = rng.standard_normal((k, shape[3], 3, 3)).astype(np.float32)
+        g = _conv_graph(shape, w, None, strides, (1, 1, 1, 1), (1, 1))
+        assert why in winograd.refusal(next(n for n in g.nodes if n.op == "conv"))
+
+
+def test_winograd_epilogues_on_registers_and_in_place():
+    """ReLU after a Winograd conv runs on the output vectors; an epilogue with an op that
+    has no vector form (exp) runs in place after each store."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((1, 8, 8, 16)).astype(np.float32)
+    for op, ref in (("max", lambda c: np.maximum(c, 0)), ("exp", np.exp)):
+        second = ", %zero" if op == "max" else ""
+        g = parse_graph(f"""
+graph e(%x: f32[1,8,8,16]) -> (%y) {{
+  %w = const() {{value=@w}} : f32[32,16,3,3]
+  %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]
+  %c = conv(%x, %w) {{strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, layout="NHWC"}} : f32[1,8,8,32]
+  %s = mul(%c, %zero) : f32[1,8,8,32]
+  %t = add(%c, %s) : f32[1,8,8,32]
+  %y = {op}(%t{second}) : f32[1,8,8,32]
+}}
+""", {"w": w})
+        cg = compile_graph(g)
+        assert [kk.kind for kk in cg.kernels] == ["contraction"]
+        y, = cg.run([x])
+        want = ref(_torch_conv(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1)))
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
