@@ -35,6 +35,8 @@ G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0
 SCRATCH_BYTES = 1 << 19
 # Smallest output side worth tiling: below it, padding the last tile wastes too much.
 MIN_SIDE = 7
+# Work items wanted at least, so two threads split them within ~10% (see `groups`).
+MIN_ITEMS = 8
 
 
 def refusal(node) -> str | None:
@@ -102,8 +104,23 @@ class WinogradShape:
         return gemm.tile_rows(self.tiles)
 
     @property
-    def items(self) -> int:
+    def blocks(self) -> int:
         return -(-self.tiles // self.rows)
+
+    @property
+    def groups(self) -> int:
+        """Panel groups a block of tiles is split into: enough work items for the threads
+        to share evenly (each group transforms its tiles' inputs again: a few percent)."""
+        panels = self.cout // NR
+        if self.blocks >= MIN_ITEMS:
+            return 1
+        want = -(-MIN_ITEMS // self.blocks)
+        return next(g for g in range(want, panels + 1) if panels % g == 0) \
+            if want <= panels else panels
+
+    @property
+    def items(self) -> int:
+        return self.blocks * self.groups
 
     @property
     def macs(self) -> int:
@@ -126,29 +143,31 @@ def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_
     with b.goto_entry_block():
         v_buf = b.alloca(F32, size=_i64(16 * rows * s.cin))
         m_buf = b.alloca(F32, size=_i64(16 * rows * NR))
-    t0 = b.mul(item, _i64(rows))
-    last = s.tiles - (s.items - 1) * rows  # tiles in the last item
+    block, group = b.udiv(item, _i64(s.groups)), b.urem(item, _i64(s.groups))
+    t0 = b.mul(block, _i64(rows))
+    last = s.tiles - (s.blocks - 1) * rows  # tiles in the last block
+    args = (t0, group, x_ptr, packed_ptr, bias_ptr, y_ptr, zeros, v_buf, m_buf,
+            (epilogue, post))
     if last == rows:
-        _tiles(b, s, rows, t0, x_ptr, packed_ptr, bias_ptr, y_ptr, zeros, v_buf, m_buf,
-               (epilogue, post))
+        _tiles(b, s, rows, *args)
         return
-    with b.if_else(b.icmp_unsigned("==", item, _i64(s.items - 1))) as (then, otherwise):
+    with b.if_else(b.icmp_unsigned("==", block, _i64(s.blocks - 1))) as (then, otherwise):
         with then:
-            _tiles(b, s, last, t0, x_ptr, packed_ptr, bias_ptr, y_ptr, zeros, v_buf, m_buf,
-                   (epilogue, post))
+            _tiles(b, s, last, *args)
         with otherwise:
-            _tiles(b, s, rows, t0, x_ptr, packed_ptr, bias_ptr, y_ptr, zeros, v_buf, m_buf,
-                   (epilogue, post))
+            _tiles(b, s, rows, *args)
 
 
-def _tiles(b, s: WinogradShape, rows: int, t0, x_ptr, packed_ptr, bias_ptr, y_ptr, zeros,
-           v_buf, m_buf, hooks) -> None:
+def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_ptr, y_ptr,
+           zeros, v_buf, m_buf, hooks) -> None:
     origins = [_tile_origin(b, s, b.add(t0, _i64(r))) for r in range(rows)]
     for r, (n, y0, x0) in enumerate(origins):
         _input_transform(b, s, x_ptr, zeros, v_buf, rows, r, n, y0, x0)
     panels = s.cout // NR
+    per_group = panels // s.groups
 
-    def panel_body(b, p):
+    def panel_body(b, q):
+        p = b.add(b.mul(group, _i64(per_group)), q)
         for k in range(16):
             def row_ptrs(b, kk, k=k):
                 return [b.gep(v_buf, [_i64((k * rows + r) * s.cin)], source_etype=F32,
@@ -164,7 +183,7 @@ def _tiles(b, s: WinogradShape, rows: int, t0, x_ptr, packed_ptr, bias_ptr, y_pt
         for r, (n, y0, x0) in enumerate(origins):
             _output_transform(b, s, m_buf, rows, r, n, y0, x0, col0, bias_ptr, y_ptr, hooks)
 
-    _for(b, panels, panel_body)
+    _for(b, per_group, panel_body)
 
 
 def _as_vector_ptr(b: ir.IRBuilder, ptr):
