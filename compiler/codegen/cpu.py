@@ -51,6 +51,7 @@ class Renderer:
         self.module = ir.Module(name=graph.name)
         self._local: dict = {}  # buffer -> index in the kernel being rendered's table
         self._unique: dict[str, ir.Function] = {}  # kernel text -> its one function
+        self._count = 0  # kernels rendered (names k0, k1, ...; twins are dropped)
         self._omp: dict = {}
 
     def render(self) -> str:
@@ -70,11 +71,15 @@ class Renderer:
             (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
             if (PACKED, u) in self.slots]
         self._local = {v: i for i, v in enumerate(values)}
-        probe, outer, parallel = self._nest(ir.Module(), "k", k)
-        text = str(probe)
-        fn = self._unique.get(text)
-        if fn is None:
-            fn = self._unique[text] = self._nest(self.module, f"k{len(self._unique)}", k)[0]
+        name = f"k{self._count}"
+        self._count += 1
+        fn, outer, parallel = self._nest(self.module, name, k)
+        text = str(fn).replace(f'@"{name}"', "@k", 1)
+        same = self._unique.get(text)
+        if same is not None:  # rendered once; a twin's copy leaves the module
+            del self.module.globals[name]
+            return same, outer, parallel, values
+        self._unique[text] = fn
         return fn, outer, parallel, values
 
     def _nest(self, module: ir.Module, name: str, k: Kernel) -> tuple[ir.Function, int, bool]:

@@ -160,28 +160,34 @@ def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_
 
 def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_ptr, y_ptr,
            zeros, v_buf, m_buf, hooks) -> None:
-    origins = [_tile_origin(b, s, b.add(t0, _i64(r))) for r in range(rows)]
-    for r, (n, y0, x0) in enumerate(origins):
-        _input_transform(b, s, x_ptr, zeros, v_buf, rows, r, n, y0, x0)
+    # loops over the block's tiles, not unrolled: the transforms' code stays one copy
+    _for(b, rows, lambda b, r: _input_transform(
+        b, s, x_ptr, zeros, v_buf, rows, r, *_tile_origin(b, s, b.add(t0, r))))
     panels = s.cout // NR
     per_group = panels // s.groups
 
     def panel_body(b, q):
         p = b.add(b.mul(group, _i64(per_group)), q)
-        for k in range(16):
-            def row_ptrs(b, kk, k=k):
-                return [b.gep(v_buf, [_i64((k * rows + r) * s.cin)], source_etype=F32,
-                              inbounds=True) for r in range(rows)]
+
+        def gemm_k(b, k):  # a loop, not unrolled: one micro-kernel's code per conv
+            def row_ptrs(b, kk):
+                return [b.gep(v_buf, [b.mul(b.add(b.mul(k, _i64(rows)), _i64(r)),
+                                            _i64(s.cin))], source_etype=F32, inbounds=True)
+                        for r in range(rows)]
             accs = gemm.accumulate(b, rows, packed_ptr,
-                                   b.mul(b.add(_i64(k * panels), p), _i64(s.cin)), 1, s.cin,
-                                   row_ptrs)
+                                   b.mul(b.add(b.mul(k, _i64(panels)), p), _i64(s.cin)), 1,
+                                   s.cin, row_ptrs)
             for i, acc in enumerate(accs):
-                ptr = b.gep(m_buf, [_i64((k * rows + i // NV) * NR + (i % NV) * VEC)],
-                            source_etype=F32, inbounds=True)
+                off = b.add(b.mul(b.add(b.mul(k, _i64(rows)), _i64(i // NV)), _i64(NR)),
+                            _i64((i % NV) * VEC))
+                ptr = b.gep(m_buf, [off], source_etype=F32, inbounds=True)
                 b.store(acc, _as_vector_ptr(b, ptr), align=4)
+
+        _for(b, 16, gemm_k)
         col0 = b.mul(p, _i64(NR))
-        for r, (n, y0, x0) in enumerate(origins):
-            _output_transform(b, s, m_buf, rows, r, n, y0, x0, col0, bias_ptr, y_ptr, hooks)
+        _for(b, rows, lambda b, r: _output_transform(
+            b, s, m_buf, rows, r, *_tile_origin(b, s, b.add(t0, r)), col0, bias_ptr, y_ptr,
+            hooks))
 
     _for(b, per_group, panel_body)
 
@@ -217,7 +223,7 @@ def _tile_origin(b, s: WinogradShape, t) -> tuple:
     return n, b.mul(ty, _i64(2)), b.mul(tx, _i64(2))
 
 
-def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r: int, n, y0,
+def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r, n, y0,
                      x0) -> None:
     """V[k, r, :] = (B^T d B)[k] for tile r's 4x4 input patch d, 16 channels at a time."""
     srcs = []
@@ -238,8 +244,8 @@ def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r: int
         d = [b.load(b.gep(p, [c], source_etype=F32, inbounds=True), typ=V16, align=4)
              for p in srcs]
         for k, v in enumerate(_btdb(b, d)):
-            ptr = b.gep(v_buf, [b.add(_i64((k * rows + r) * s.cin), c)], source_etype=F32,
-                        inbounds=True)
+            ptr = b.gep(v_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(s.cin)), c)],
+                        source_etype=F32, inbounds=True)
             b.store(v, _as_vector_ptr(b, ptr), align=4)
 
     _for(b, s.cin // VEC, body)
@@ -259,12 +265,13 @@ def _btdb(b, d: list) -> list:
     return out
 
 
-def _output_transform(b, s: WinogradShape, m_buf, rows: int, r: int, n, y0, x0, col0,
+def _output_transform(b, s: WinogradShape, m_buf, rows: int, r, n, y0, x0, col0,
                       bias_ptr, y_ptr, hooks) -> None:
     """Y's 2x2 block of tile r = A^T M A (+ bias, epilogue), for the panel's NR channels."""
     for v in range(NV):
-        m = [b.load(b.gep(m_buf, [_i64((k * rows + r) * NR + v * VEC)], source_etype=F32,
-                          inbounds=True), typ=V16, align=4) for k in range(16)]
+        m = [b.load(b.gep(m_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(NR)),
+                                        _i64(v * VEC))], source_etype=F32, inbounds=True),
+                    typ=V16, align=4) for k in range(16)]
 
         def at(x0_, x1, x2, x3):  # A^T on 4 values -> 2
             return [b.fadd(b.fadd(x0_, x1), x2), b.fsub(b.fsub(x1, x2), x3)]
