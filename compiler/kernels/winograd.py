@@ -64,8 +64,9 @@ def refusal(node) -> str | None:
 def pack_weight(w: np.ndarray) -> np.ndarray:
     """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as 16 sets of gemm panels of
     U_k[ci, co], k = 4a + b, one after another."""
-    u = np.einsum("ai,ocij,bj->abco", G, w.astype(np.float64), G)  # [4, 4, ci, co]
-    return np.concatenate([gemm.pack_b(u[a, b].astype(np.float32)).reshape(-1)
+    g32 = G.astype(np.float32)  # exact: G holds 0, 1 and +-1/2
+    u = np.einsum("ai,ocij,bj->abco", g32, w.astype(np.float32), g32, optimize=True)
+    return np.concatenate([gemm.pack_b(u[a, b]).reshape(-1)  # u[a, b]: [ci, co]
                            for a in range(4) for b in range(4)])
 
 
