@@ -99,29 +99,8 @@ class Renderer:
             after, before, regs = self._tile_hooks(ptrs, k)
             _loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
                                                          ptrs[root], o, after, before, regs))
-        elif node is not None and node.op == "conv" and winograd.refusal(node) is None:
-            shape = winograd.WinogradShape.of(node)
-            outer, work = shape.items, shape.macs
-            x = node.inputs[0]
-            extra = [(PACKED, u) for u in node.inputs[1:]]
-            packed = self._buffers(b, bufs, extra)
-            bias = packed[extra[1]] if len(extra) > 1 else None
-            zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
-            epilogue, post = self._winograd_hooks(ptrs, k)
-            _loop(b, lo, hi, lambda b, o: winograd.emit_item(
-                b, shape, ptrs[x], packed[extra[0]], bias, ptrs[root], o, zeros, epilogue,
-                post))
         elif node is not None and node.op == "conv":
-            shape = conv.ConvShape.of(node)
-            outer, work = shape.items, shape.macs
-            x = node.inputs[0]
-            extra = [(PACKED, u) for u in node.inputs[1:]]
-            packed = self._buffers(b, bufs, extra)
-            bias = packed[extra[1]] if len(extra) > 1 else None
-            after, before, regs = self._tile_hooks(ptrs, k)
-            _loop(b, lo, hi, lambda b, o: conv.emit_item(b, shape, ptrs[x], packed[extra[0]],
-                                                         bias, ptrs[root], o, after, before,
-                                                         regs))
+            outer, work = self._conv(b, bufs, ptrs, k, lo, hi)
         elif node is not None:
             outer = int(np.prod(root.shape[:-1], dtype=np.int64))
             work = root.type.size * node.inputs[0].shape[-1]
@@ -243,6 +222,27 @@ class Renderer:
                   lambda b, row: self._epilogue(b, ptrs, k, row, col0, cols))
 
         return after
+
+    def _conv(self, b, bufs, ptrs, k: Kernel, lo, hi) -> tuple[int, int]:
+        """A conv kernel's loop over its work items: Winograd where it applies, else the
+        direct implicit GEMM; returns (work items, multiply-adds)."""
+        node, root = k.contraction, k.root
+        x = node.inputs[0]
+        extra = [(PACKED, u) for u in node.inputs[1:]]
+        packed = self._buffers(b, bufs, extra)
+        weight, bias = packed[extra[0]], packed[extra[1]] if len(extra) > 1 else None
+        if winograd.refusal(node) is None:
+            shape = winograd.WinogradShape.of(node)
+            zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
+            epilogue, post = self._winograd_hooks(ptrs, k)
+            _loop(b, lo, hi, lambda b, o: winograd.emit_item(
+                b, shape, ptrs[x], weight, bias, ptrs[root], o, zeros, epilogue, post))
+        else:
+            shape = conv.ConvShape.of(node)
+            after, before, regs = self._tile_hooks(ptrs, k)
+            _loop(b, lo, hi, lambda b, o: conv.emit_item(
+                b, shape, ptrs[x], weight, bias, ptrs[root], o, after, before, regs))
+        return shape.items, shape.macs
 
     def _tile_hooks(self, ptrs, k: Kernel) -> tuple:
         """(after, before, transform) for a tile kernel: its epilogue on the registers

@@ -177,6 +177,11 @@ def prefetch(b: ir.IRBuilder, ptr, write: bool) -> None:
     b.call(fn, [ptr, ir.Constant(I32, int(write)), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
+def for_range(b: ir.IRBuilder, trip: int, body) -> None:
+    """for (i = 0; i < trip; ++i) body(b, i), trip >= 1 (no values carried)."""
+    _phi_loop(b, trip, [], lambda b, i, vals: body(b, i) or [])
+
+
 def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body) -> list:
     """vals = init; for i in range(trip): vals = body(b, i, vals); return vals (trip >= 1)."""
     pre = b.block

@@ -162,7 +162,7 @@ def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_
 def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_ptr, y_ptr,
            zeros, v_buf, m_buf, hooks) -> None:
     # loops over the block's tiles, not unrolled: the transforms' code stays one copy
-    _for(b, rows, lambda b, r: _input_transform(
+    gemm.for_range(b, rows, lambda b, r: _input_transform(
         b, s, x_ptr, zeros, v_buf, rows, r, *_tile_origin(b, s, b.add(t0, r))))
     panels = s.cout // NR
     per_group = panels // s.groups
@@ -184,35 +184,19 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                 ptr = b.gep(m_buf, [off], source_etype=F32, inbounds=True)
                 b.store(acc, _as_vector_ptr(b, ptr), align=4)
 
-        _for(b, 16, gemm_k)
+        gemm.for_range(b, 16, gemm_k)
         col0 = b.mul(p, _i64(NR))
-        _for(b, rows, lambda b, r: _output_transform(
+        gemm.for_range(b, rows, lambda b, r: _output_transform(
             b, s, m_buf, rows, r, *_tile_origin(b, s, b.add(t0, r)), col0, bias_ptr, y_ptr,
             hooks))
 
-    _for(b, per_group, panel_body)
+    gemm.for_range(b, per_group, panel_body)
 
 
 def _as_vector_ptr(b: ir.IRBuilder, ptr):
     """A scratch (alloca) element pointer as a vector pointer, for llvmlite's store check
     (its allocas are typed; in the module's IR this is a no-op cast)."""
     return b.bitcast(ptr, V16.as_pointer())
-
-
-def _for(b: ir.IRBuilder, trip: int, body) -> None:
-    """for (i = 0; i < trip; ++i) body(b, i), trip >= 1"""
-    pre = b.block
-    loop = b.append_basic_block("wino.loop")
-    done = b.append_basic_block("wino.done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(I64)
-    i.add_incoming(_i64(0), pre)
-    body(b, i)
-    nxt = b.add(i, _i64(1))
-    i.add_incoming(nxt, b.block)
-    b.cbranch(b.icmp_unsigned("<", nxt, _i64(trip)), loop, done)
-    b.position_at_end(done)
 
 
 def _tile_origin(b, s: WinogradShape, t) -> tuple:
@@ -249,7 +233,7 @@ def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r, n, 
                         source_etype=F32, inbounds=True)
             b.store(v, _as_vector_ptr(b, ptr), align=4)
 
-    _for(b, s.cin // VEC, body)
+    gemm.for_range(b, s.cin // VEC, body)
 
 
 def _btdb(b, d: list) -> list:
