@@ -257,13 +257,26 @@ def _pass_reads(k: Kernel, starts: list[Value]) -> set[Value]:
 
 
 def _costly_in(v: Value, nodes: set, memo: dict | None = None) -> bool:
-    """Whether computing `v` inside the kernel takes an op of EXPENSIVE_OPS."""
+    """Whether computing `v` inside the kernel takes an op of EXPENSIVE_OPS per element
+    (ops on a row's reduction results alone, like layer norm's mean = sum / n, run once
+    per row and do not count)."""
     memo = {} if memo is None else memo
     if v not in memo:
         p = v.producer
-        memo[v] = p in nodes and not is_reduction(p) and (
+        memo[v] = p in nodes and not is_reduction(p) and not _row_invariant(v, nodes) and (
             p.op in EXPENSIVE_OPS or any(_costly_in(u, nodes, memo) for u in p.inputs))
     return memo[v]
+
+
+def _row_invariant(v: Value, nodes: set) -> bool:
+    """Whether v is computed from reduction results and constants only (one per row)."""
+    p = v.producer
+    if p is None or p not in nodes:  # a scalar constant; not a buffer, nor a tensor
+        return p is not None and p.op == "const" and p.attrs["value"].size == 1
+    if is_reduction(p):
+        return True
+    return p.opdef.family is Family.ELEMENTWISE and all(_row_invariant(u, nodes)
+                                                        for u in p.inputs)
 
 
 def _levels(reds: list[Node], inside: set) -> list[list[Node]]:

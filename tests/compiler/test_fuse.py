@@ -378,3 +378,13 @@ graph mlp(%x: f32[4,8], %w: f32[8,16], %b: f32[16], %skip: f32[4,16]) -> (%y, %z
         "matmul", "add", "div", "erf", "add", "mul", "mul", "add"]
     assert not {"h0", "h", "e", "gl"} & {v.name for v in p.materialized}
     _check_numbers(g)
+
+
+def test_ops_on_row_results_do_not_make_a_value_costly():
+    """Layer norm's x - mean: mean = sum / n is one division per row, so the difference is
+    cheap per element and recomputed, not kept in a scratch row."""
+    k = plan(_graph(LAYER_NORM.replace("%mean = mul(%s, %inv_n)",
+                                       "%mean = div(%s, %n_const)")
+                    .replace("%eps = const()", "%n_const = const() {value=dense<f32[]: [64.0]>}"
+                             " : f32[]\n  %eps = const()"))).kernels[0]
+    assert k.row_cached == []
