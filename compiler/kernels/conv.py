@@ -148,7 +148,7 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         if after is not None:
             after(b, rows, row0, panel)
 
-    gemm.for_each_tile(b, s.m, s.cout, item, tile, gemm.row_major(s.k, s.cout))
+    gemm.for_each_tile(b, s.m, s.cout, item, tile, gemm.row_major(s.k, s.cout, s.m))
 
 
 def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:

@@ -123,7 +123,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
         if after is not None:
             after(b, rows, row0, panel)
 
-    for_each_tile(b, shape.m, shape.n, item, tile, row_major(shape.k, shape.n))
+    for_each_tile(b, shape.m, shape.n, item, tile, row_major(shape.k, shape.n, shape.m))
 
 
 def tile_rows(m: int) -> int:
@@ -132,15 +132,19 @@ def tile_rows(m: int) -> int:
     return -(-m // blocks)
 
 
-# Packed weights up to this size are re-read from cache for every row block: tiles then
-# go row-block-major, so a thread writes (and an epilogue reads) whole rows of C, one
-# contiguous stretch; larger weights go panel-major, each panel streamed once per thread.
+# Tile order. Row-block-major (a thread writes, and an epilogue reads, whole rows of C,
+# one contiguous stretch) re-reads the packed weight once per row block; panel-major
+# re-reads A once per panel. Weights up to ROW_MAJOR_MAX_WEIGHT_BYTES always go
+# row-block-major; weights up to L2_BYTES (one core's L2: they stay there) do too when
+# A is larger than that (batch 8's activations: A would come from L3 once per panel).
 ROW_MAJOR_MAX_WEIGHT_BYTES = 1 << 18
+L2_BYTES = 1 << 20
 
 
-def row_major(k: int, n: int) -> bool:
-    """Whether a K x N weight is small enough for row-block-major tiles."""
-    return k * -(-n // NR) * NR * 4 <= ROW_MAJOR_MAX_WEIGHT_BYTES
+def row_major(k: int, n: int, m: int) -> bool:
+    """Whether an M x K by K x N product takes row-block-major tiles."""
+    weight = k * -(-n // NR) * NR * 4
+    return weight <= ROW_MAJOR_MAX_WEIGHT_BYTES or (weight <= L2_BYTES and m * k * 4 > L2_BYTES)
 
 
 def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile, by_rows: bool = False) -> None:

@@ -160,7 +160,9 @@ graph block(%x: f32[1,6,6,16], %skip: f32[1,6,6,64]) -> (%y) {
 """, {"w": w})
     cg = compile_graph(g)
     assert "llvm.maximum.v16f32" in cg.llvm_ir and "llvm.prefetch" in cg.llvm_ir
-    assert gemm.row_major(16, 64) and not gemm.row_major(4608, 512)
+    assert gemm.row_major(16, 64, 36) and not gemm.row_major(4608, 512, 49)
+    # a 1 MB weight: panel-major when A fits in L2 (batch 1), rows when it does not
+    assert not gemm.row_major(1024, 256, 196) and gemm.row_major(1024, 256, 1568)
     x = rng.standard_normal((1, 6, 6, 16)).astype(np.float32)
     skip = rng.standard_normal((1, 6, 6, 64)).astype(np.float32)
     y, = cg.run([x, skip])
