@@ -182,7 +182,8 @@ class GraphRunner:
         self.opts = opts
         self.dynamic = _is_dynamic(gm)
         self._specs: collections.OrderedDict = collections.OrderedDict()
-        self._frozen_state: dict[int, tuple] | None = None
+        self._frozen_state: list[tuple] | None = None
+        self._static_order = tuple(sorted(self.static))
         self._lock = threading.Lock()
 
     def __call__(self, *args):
@@ -203,11 +204,14 @@ class GraphRunner:
 
     def _signature(self, args) -> tuple[tuple, str | None]:
         key = []
+        static = self.static
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
+            if i in static:  # a frozen weight: _check_frozen watches it (a model's hundreds)
+                key.append(None)
+            elif isinstance(a, torch.Tensor):
                 if a.device.type != "cpu":
                     return (), f"input {i} is on {a.device}"
-                key.append(None if i in self.static else (tuple(a.shape), a.dtype))
+                key.append((tuple(a.shape), a.dtype))
             else:
                 key.append(a)
         return tuple(key), None
@@ -228,8 +232,8 @@ class GraphRunner:
         """Frozen weights changed since they were baked in: drop every specialization."""
         if not self.static:
             return
-        state = {i: (args[i].data_ptr(), args[i]._version) for i in self.static
-                 if isinstance(args[i], torch.Tensor)}
+        state = [(a.data_ptr(), a._version) for i in self._static_order
+                 if isinstance(a := args[i], torch.Tensor)]
         if self._frozen_state is not None and state != self._frozen_state:
             log.info("braze: frozen weights of graph %s changed; compiling it again", self.name)
             self._specs.clear()
