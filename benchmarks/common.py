@@ -81,21 +81,24 @@ def configure_threads(threads: int = THREADS) -> None:
 
 
 @contextlib.contextmanager
-def fresh_inductor_cache(workdir: Path):
-    """Point inductor's on-disk caches at a fresh folder while inside (the previous
-    setting is restored after), so its compile times are those of a first compile and
-    do not depend on earlier runs. Kernels compiled earlier in the same process may
-    still be reused from memory."""
-    key = "TORCHINDUCTOR_CACHE_DIR"
-    before = os.environ.get(key)  # importing torchvision already sets it to the default
-    os.environ[key] = str(workdir / "inductor-cache")
+def fresh_compile_caches(workdir: Path):
+    """Point inductor's and braze's on-disk caches at fresh folders while inside (the
+    previous settings are restored after), so both compile times are those of a first
+    compile and do not depend on earlier runs. Kernels compiled earlier in the same
+    process may still be reused from memory."""
+    keys = {"TORCHINDUCTOR_CACHE_DIR": workdir / "inductor-cache",
+            "BRAZE_CACHE_DIR": workdir / "braze-cache"}
+    # importing torchvision already sets inductor's to the default
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(v) for k, v in keys.items()})
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def describe_error(exc: BaseException) -> str:

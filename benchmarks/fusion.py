@@ -309,7 +309,7 @@ def main(argv=None) -> dict:
     modules = torch_modules()
     chosen = [c for c in cases() if not args.case or c.name in args.case]
     with tempfile.TemporaryDirectory(prefix="braze-fusion-") as tmp, \
-            common.fresh_inductor_cache(Path(tmp)):
+            common.fresh_compile_caches(Path(tmp)):
         results = [run_case(c, modules[c.name], args.warmup, args.rounds, Path(tmp))
                    for c in chosen]
     payload = {"benchmark": "fusion", "machine": common.machine_info(),

@@ -159,7 +159,7 @@ def main(argv=None) -> dict:
                         lead_in=1)
     model = build_model()
     with tempfile.TemporaryDirectory(prefix="braze-bench-") as tmp, \
-            common.fresh_inductor_cache(Path(tmp)):
+            common.fresh_compile_caches(Path(tmp)):
         cases = [run_batch(model, b, settings, Path(tmp)) for b in args.batch]
     payload = {"benchmark": "resnet50", "machine": common.machine_info(),
                "settings": settings.to_dict(), "cases": cases}
