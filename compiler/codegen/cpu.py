@@ -441,20 +441,21 @@ class Renderer:
 
 # -- helpers ----------------------------------------------------------------------
 
-def _loop(b: ir.IRBuilder, lo, hi, body) -> None:
-    """for (i = lo; i < hi; ++i) body(b, i)"""
+def _loop(b: ir.IRBuilder, lo, hi, body, step=None) -> None:
+    """for (i = lo; i < hi; i += step) body(b, i), step 1 by default (cuda.py strides by
+    the grid's size)"""
     pre = b.block
     cond = b.append_basic_block("loop.cond")
-    step = b.append_basic_block("loop.body")
+    blk = b.append_basic_block("loop.body")
     done = b.append_basic_block("loop.end")
     b.branch(cond)
     b.position_at_end(cond)
     i = b.phi(I64)
     i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), step, done)
-    b.position_at_end(step)
+    b.cbranch(b.icmp_signed("<", i, hi), blk, done)
+    b.position_at_end(blk)
     body(b, i)
-    i.add_incoming(b.add(i, i64(1), flags=["nsw"]), b.block)
+    i.add_incoming(b.add(i, i64(1) if step is None else step, flags=["nsw"]), b.block)
     b.branch(cond)
     b.position_at_end(done)
 

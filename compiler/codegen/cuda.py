@@ -32,7 +32,7 @@ from llvmlite import ir
 from compiler import __version__, dtypes
 from compiler.codegen import nvptx
 from compiler.codegen.compiled import arena_plan
-from compiler.codegen.cpu import (_arg_take, _combine, _is_flat, _leaves, _mul_add,
+from compiler.codegen.cpu import (_arg_take, _combine, _is_flat, _leaves, _loop, _mul_add,
                                   _reduce_init, _store, _without)
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
@@ -459,21 +459,8 @@ def _block_reduce(b: ir.IRBuilder, part: _Partial, arrays: list, tid, ntid):
 # -- helpers ----------------------------------------------------------------------------
 
 def _strided(b: ir.IRBuilder, start, end, step, body) -> None:
-    """for (i = start; i < end; i += step) body(b, i)"""
-    pre = b.block
-    cond = b.append_basic_block("loop.cond")
-    blk = b.append_basic_block("loop.body")
-    done = b.append_basic_block("loop.end")
-    b.branch(cond)
-    b.position_at_end(cond)
-    i = b.phi(I64)
-    i.add_incoming(start, pre)
-    b.cbranch(b.icmp_signed("<", i, end), blk, done)
-    b.position_at_end(blk)
-    body(b, i)
-    i.add_incoming(b.add(i, step, flags=["nsw"]), b.block)
-    b.branch(cond)
-    b.position_at_end(done)
+    """for (i = start; i < end; i += step) body(b, i): the CPU renderer's loop"""
+    _loop(b, start, end, body, step)
 
 
 def _grid(blocks: int) -> int:

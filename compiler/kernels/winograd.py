@@ -21,12 +21,11 @@ hold 0, +-1 and +-1/2 only); measured max rel error ~1e-6 on ResNet shapes (test
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from llvmlite import ir
 
-from compiler.kernels import gemm
+from compiler.kernels import conv, gemm
+from compiler.kernels.conv import ConvShape
 from compiler.kernels.gemm import F32, I64, NR, NV, V16, VEC
 
 # G (4x3) turns a 3x3 filter into the 4x4 transform domain: U = G g G^T.
@@ -41,8 +40,6 @@ MIN_ITEMS = 8
 
 def refusal(node) -> str | None:
     """None if the NHWC conv `node` runs on the Winograd kernel, else why the direct one."""
-    from compiler.kernels import conv
-
     reason = conv.refusal(node)
     if reason is not None:
         return reason
@@ -70,23 +67,8 @@ def pack_weight(w: np.ndarray) -> np.ndarray:
                            for a in range(4) for b in range(4)])
 
 
-@dataclass(frozen=True)
-class WinogradShape:
-    n: int
-    h: int
-    w: int
-    cin: int
-    oh: int
-    ow: int
-    cout: int
-    pads: tuple  # top, left
-
-    @classmethod
-    def of(cls, node) -> WinogradShape:
-        x = node.inputs[0]
-        y = node.outputs[0]
-        return cls(x.shape[0], x.shape[1], x.shape[2], x.shape[3], y.shape[1], y.shape[2],
-                   y.shape[3], tuple(node.attrs["pads"][:2]))
+class WinogradShape(ConvShape):
+    """A 3x3 stride-1 conv's shape (ConvShape's fields), cut into 2x2 output tiles."""
 
     @property
     def th(self) -> int:
@@ -122,11 +104,6 @@ class WinogradShape:
     @property
     def items(self) -> int:
         return self.blocks * self.groups
-
-    @property
-    def macs(self) -> int:
-        """Multiply-adds a direct conv would do (for GFLOP/s figures)."""
-        return self.n * self.oh * self.ow * self.cout * self.cin * 9
 
 
 def _i64(n: int) -> ir.Constant:
