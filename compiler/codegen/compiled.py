@@ -97,8 +97,9 @@ class CompiledGraph:
         self._outputs = list(dict.fromkeys(v for v in graph.outputs
                                            if v in self.plan.materialized))
         packed = packed_operands(self.kernels)
+        unpacked = read_unpacked(graph)
         consts = [n.outputs[0] for n in graph.nodes if n.op == "const"
-                  and n.attrs["value"].size != 1 and _read_unpacked(n.outputs[0], graph)]
+                  and n.attrs["value"].size != 1 and n.outputs[0] in unpacked]
         self._inter = [k.root for k in self.kernels if k.root not in self._outputs]
         order = self._inputs + self._outputs + consts + list(packed) + self._inter
         self.slots = {v: i for i, v in enumerate(order)}
@@ -271,15 +272,14 @@ def packed_operands(kernels) -> dict:
     return out
 
 
-def _read_unpacked(v: Value, graph: Graph) -> bool:
-    """Whether constant `v` is read other than as a packed operand."""
-    if v in graph.outputs:
-        return True
+def read_unpacked(graph: Graph) -> set[Value]:
+    """The values some node reads other than as a packed operand, and the graph outputs
+    (one pass: each node's packers are asked once)."""
+    out = set(graph.outputs)
     for n in graph.nodes:
-        for i, u in enumerate(n.inputs):
-            if u is v and i not in packers(n):
-                return True
-    return False
+        packed = packers(n)
+        out.update(u for i, u in enumerate(n.inputs) if i not in packed)
+    return out
 
 
 def _interface_address(a: np.ndarray) -> int:

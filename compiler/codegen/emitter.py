@@ -61,6 +61,7 @@ class ElementEmitter:
         # one element); idx is then [linear index]
         self.flat = flat
         self.memo: dict = {}
+        self._invariant: dict[Value, bool] = {}  # _row_invariant's answers
 
     def at(self, v: Value, idx: list):
         key = (v, tuple(idx))  # constants compare by value; instructions by identity
@@ -113,15 +114,19 @@ class ElementEmitter:
 
     def _row_invariant(self, v: Value) -> bool:
         """Whether v is computed from reduction registers and scalar constants only."""
-        if v in self.registers:
-            return True
-        p = v.producer
-        if p is None or v in self.buffers:
-            return False
-        if p.op == "const":
-            return p.attrs["value"].size == 1
-        return bool(self.registers) and p.opdef.family is Family.ELEMENTWISE and all(
-            self._row_invariant(u) for u in p.inputs)
+        if v not in self._invariant:
+            p = v.producer
+            if v in self.registers:
+                self._invariant[v] = True
+            elif p is None or v in self.buffers:
+                self._invariant[v] = False
+            elif p.op == "const":
+                self._invariant[v] = p.attrs["value"].size == 1
+            else:
+                self._invariant[v] = bool(self.registers) and \
+                    p.opdef.family is Family.ELEMENTWISE and all(
+                        self._row_invariant(u) for u in p.inputs)
+        return self._invariant[v]
 
     # -- movement: index maps ------------------------------------------------
 

@@ -133,9 +133,9 @@ def plan(graph: Graph) -> FusionPlan:
             reasons.setdefault(v, "cluster output")
     users = graph.users()
     claimed: set[Node] = set()  # epilogue nodes, each applied by one contraction's kernel
-    for n in graph.nodes:
+    for at, n in enumerate(graph.nodes):
         if n.opdef.family is Family.CONTRACTION:
-            chain = _epilogue(n, users, graph, claimed)
+            chain = _epilogue(n, at, users, graph, claimed)
             claimed.update(chain)
             if chain:
                 ops = " ".join(e.op for e in chain)
@@ -158,7 +158,7 @@ def plan(graph: Graph) -> FusionPlan:
             return FusionPlan(kernels, set(reasons), reasons, notes)
 
 
-def _epilogue(node: Node, users: dict, graph: Graph, claimed: set) -> list[Node]:
+def _epilogue(node: Node, at: int, users: dict, graph: Graph, claimed: set) -> list[Node]:
     """The elementwise ops applied to a contraction's result before anything else reads
     it (bias, ReLU, GELU, residual add...), in graph order. They form a DAG fed by the
     result and by values that do not depend on it, of the result's shape, whose values
@@ -169,7 +169,7 @@ def _epilogue(node: Node, users: dict, graph: Graph, claimed: set) -> list[Node]
     c = node.outputs[0]
     inside, tainted = {c}, {c}  # the DAG's values; every value computed from c
     chain: list[Node] = []
-    for n in graph.nodes[graph.nodes.index(node) + 1:]:
+    for n in graph.nodes[at + 1:]:  # `at`: node's position in graph.nodes
         from_c = [u for u in n.inputs if u in tainted]
         if not from_c:
             continue
@@ -263,20 +263,23 @@ def _costly_in(v: Value, nodes: set, memo: dict | None = None) -> bool:
     memo = {} if memo is None else memo
     if v not in memo:
         p = v.producer
-        memo[v] = p in nodes and not is_reduction(p) and not _row_invariant(v, nodes) and (
-            p.op in EXPENSIVE_OPS or any(_costly_in(u, nodes, memo) for u in p.inputs))
+        memo[v] = p in nodes and not is_reduction(p) and not _row_invariant(v, nodes, memo) \
+            and (p.op in EXPENSIVE_OPS or any(_costly_in(u, nodes, memo) for u in p.inputs))
     return memo[v]
 
 
-def _row_invariant(v: Value, nodes: set) -> bool:
-    """Whether v is computed from reduction results and constants only (one per row)."""
-    p = v.producer
-    if p is None or p not in nodes:  # a scalar constant; not a buffer, nor a tensor
-        return p is not None and p.op == "const" and p.attrs["value"].size == 1
-    if is_reduction(p):
-        return True
-    return p.opdef.family is Family.ELEMENTWISE and all(_row_invariant(u, nodes)
-                                                        for u in p.inputs)
+def _row_invariant(v: Value, nodes: set, memo: dict) -> bool:
+    """Whether v is computed from reduction results and constants only (one per row);
+    `memo` keeps answers under ("row", v)."""
+    key = ("row", v)
+    if key not in memo:
+        p = v.producer
+        if p is None or p not in nodes:  # a scalar constant; not a buffer, nor a tensor
+            memo[key] = p is not None and p.op == "const" and p.attrs["value"].size == 1
+        else:
+            memo[key] = is_reduction(p) or (p.opdef.family is Family.ELEMENTWISE and all(
+                _row_invariant(u, nodes, memo) for u in p.inputs))
+    return memo[key]
 
 
 def _levels(reds: list[Node], inside: set) -> list[list[Node]]:
