@@ -501,27 +501,12 @@ def _is_flat(k: Kernel) -> bool:
                for n in k.nodes)
 
 
-def _vmax(b, x, y):
-    return b.call(_vector_intrinsic(b, "llvm.maximum.v16f32", 2), [x, y])
-
-
-def _vmin(b, x, y):
-    return b.call(_vector_intrinsic(b, "llvm.minimum.v16f32", 2), [x, y])
-
-
-def _vector_intrinsic(b, name: str, arity: int):
-    try:
-        return b.module.get_global(name)
-    except KeyError:
-        return ir.Function(b.module, ir.FunctionType(gemm.V16, [gemm.V16] * arity), name)
-
-
-# Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue);
-# the same IEEE operations the scalar emitter uses (maximum/minimum propagate NaN).
+# Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue):
+# the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops.
 REGISTER_OPS = {
-    "add": lambda b, x, y: b.fadd(x, y), "sub": lambda b, x, y: b.fsub(x, y),
-    "mul": lambda b, x, y: b.fmul(x, y), "div": lambda b, x, y: b.fdiv(x, y),
-    "max": _vmax, "min": _vmin, "neg": lambda b, x: b.fneg(x),
+    **{op: (lambda op: lambda b, x, y: binary_float(b, op, x, y))(op)
+       for op in ("add", "sub", "mul", "div", "max", "min")},
+    "neg": lambda b, x: b.fneg(x),
 }
 
 

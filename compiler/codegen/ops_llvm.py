@@ -42,8 +42,15 @@ def _is_float(dtype: str) -> bool:
     return dtype in dtypes.FLOATS
 
 
+def _type_suffix(t: ir.Type) -> str:
+    """An overloaded intrinsic's name suffix for float type t (vectors too: v16f32)."""
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_type_suffix(t.element)}"
+    return "f32" if t == F32 else "f64"
+
+
 def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, arity: int = 1, ret=None):
-    full = f"{name}.{'f32' if t == F32 else 'f64'}" if name.startswith("llvm.") else name
+    full = f"{name}.{_type_suffix(t)}" if name.startswith("llvm.") else name
     full = _math_symbol(b.module, full)
     try:
         return b.module.get_global(full)
