@@ -251,7 +251,8 @@ def packers(node) -> dict:
     if node.op == "matmul" and gemm.refusal(node) is None:
         return {1: gemm.pack_b}
     if node.op == "conv" and winograd.refusal(node) is None:
-        return {1: winograd.pack_weight, 2: conv.pack_bias}
+        m = winograd.plan(node).m
+        return {1: lambda w: winograd.pack_weight(w, m), 2: conv.pack_bias}
     if node.op == "conv" and conv.refusal(node) is None:
         return {1: conv.pack_weight, 2: conv.pack_bias}
     return {}

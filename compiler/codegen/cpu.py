@@ -232,7 +232,7 @@ class Renderer:
         packed = self._buffers(b, bufs, extra)
         weight, bias = packed[extra[0]], packed[extra[1]] if len(extra) > 1 else None
         if winograd.refusal(node) is None:
-            shape = winograd.WinogradShape.of(node)
+            shape = winograd.plan(node)
             zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
             epilogue, post = self._winograd_hooks(ptrs, k)
             _loop(b, lo, hi, lambda b, o: winograd.emit_item(

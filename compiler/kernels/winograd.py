@@ -1,25 +1,32 @@
-"""3x3 stride-1 convolution by Winograd's F(2x2, 3x3): 2.25x fewer multiplies.
+"""3x3 stride-1 convolution by Winograd's F(m x m, 3 x 3), m = 2 or 4: 2.25x or 4x
+fewer multiplies than direct.
 
-Each 2x2 block of output pixels (a tile) comes from a 4x4 input patch d:
+Each m x m block of output pixels (a tile) comes from an alpha x alpha input patch d,
+alpha = m + 2:
 
-    Y = A^T [ sum over ci of (G g G^T) . (B^T d B) ] A         (. elementwise, 4x4)
+    Y = A^T [ sum over ci of (G g G^T) . (B^T d B) ] A     (. elementwise, alpha x alpha)
 
-so a conv becomes 16 GEMMs, one per position k of the 4x4 transform domain:
+so a conv becomes alpha^2 GEMMs, one per position k of the transform domain:
 M_k[tile, co] = sum over ci of V_k[tile, ci] U_k[ci, co], with U = G g G^T computed
 and packed (gemm.py's panels, one set per k) at compile time, V = B^T d B computed per
 tile on the fly, and the output transform A^T M A, the bias and the register epilogue
 applied before the store. A work item is a block of up to MR tiles: it transforms
-their input patches once into a scratch on its thread's stack (16 x tiles x Cin
-floats), then, for each panel of NR output channels, runs the 16 GEMMs on the
-micro-kernel into a second small scratch and writes the 2x2 outputs of every tile.
+their input patches once into a scratch on its thread's stack (alpha^2 x tiles x Cin
+floats), then, for each panel of NR output channels, runs the alpha^2 GEMMs on the
+micro-kernel into a second small scratch and writes the m x m outputs of every tile.
 
-Multiplies per output: 16/4 * Cin per co, against 9 * Cin directly. The transforms
-cost adds and memory traffic, so this pays where Cin is large enough and the image
-has several tiles (`refusal`). Rounding: the transforms add a few ulps (B, G and A
-hold 0, +-1 and +-1/2 only); measured max rel error ~1e-6 on ResNet shapes (tests).
+Multiplies per output: alpha^2 / m^2 * Cin per co (4 for F(2x2), 2.25 for F(4x4)),
+against 9 * Cin directly. The transforms cost adds and memory traffic, so this pays
+where Cin is large enough and the image has several tiles (`refusal`); F(4x4)'s
+transformed weight is 4x the filter, so `tile_size` picks m per conv. Rounding:
+F(2x2)'s matrices hold 0, +-1 and +-1/2 only (a few ulps); F(4x4)'s hold 1/6, 1/24 and
+entries up to 8 (errors ~10x larger; max rel error ~1e-5 on one ResNet-shaped conv,
+~1e-6 over all of ResNet-50 against onnxruntime).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from llvmlite import ir
@@ -28,14 +35,75 @@ from compiler.kernels import conv, gemm
 from compiler.kernels.conv import ConvShape
 from compiler.kernels.gemm import F32, I64, NR, NV, V16, VEC
 
-# G (4x3) turns a 3x3 filter into the 4x4 transform domain: U = G g G^T.
-G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
-# Stack bytes a work item may use for its transformed patches (16 x tiles x Cin floats).
+# Stack bytes a work item may use for its transformed patches (alpha^2 x tiles x Cin
+# floats; a block takes fewer tiles where Cin is large).
 SCRATCH_BYTES = 1 << 19
 # Smallest output side worth tiling: below it, padding the last tile wastes too much.
 MIN_SIDE = 7
+# Tiles per block at least (the micro-kernel's rows): fewer and it is slower than direct.
+MIN_ROWS = 4
 # Work items wanted at least, so two threads split them within ~10% (see `groups`).
 MIN_ITEMS = 8
+
+
+class Transform:
+    """F(m x m, 3 x 3): alpha = m + 2 input rows per m output rows.
+
+    The matrices are the definition (tests check Y = A^T [(G g G^T) . (B^T d B)] A against
+    a direct correlation); `bt` and `at` are the same maps as straight-line code over any
+    values with `add`, `sub` and `axpy(c, x, y) = c x + y` (vectors in the kernel, numpy
+    arrays in the tests), factored so that shared sums are computed once."""
+
+    def __init__(self, m, bt_matrix, g, at_matrix, bt, at):
+        self.m, self.alpha = m, m + 2
+        self.BT, self.G, self.AT = (np.array(a, dtype=np.float64)
+                                    for a in (bt_matrix, g, at_matrix))
+        self.bt, self.at = bt, at
+
+
+def _bt2(ops, x):
+    return [ops.sub(x[0], x[2]), ops.add(x[1], x[2]), ops.sub(x[2], x[1]), ops.sub(x[1], x[3])]
+
+
+def _at2(ops, x):
+    return [ops.add(ops.add(x[0], x[1]), x[2]), ops.sub(ops.sub(x[1], x[2]), x[3])]
+
+
+def _bt4(ops, x):
+    s12, d12 = ops.add(x[1], x[2]), ops.sub(x[1], x[2])
+    s34, d43 = ops.add(x[3], x[4]), ops.sub(x[4], x[3])
+    d31, d42 = ops.sub(x[3], x[1]), ops.sub(x[4], x[2])
+    return [ops.axpy(4.0, x[0], ops.axpy(-5.0, x[2], x[4])),
+            ops.axpy(-4.0, s12, s34),
+            ops.axpy(4.0, d12, d43),
+            ops.axpy(2.0, d31, d42),
+            ops.axpy(-2.0, d31, d42),
+            ops.axpy(4.0, x[1], ops.axpy(-5.0, x[3], x[5]))]
+
+
+def _at4(ops, x):
+    s12, d12 = ops.add(x[1], x[2]), ops.sub(x[1], x[2])
+    s34, d34 = ops.add(x[3], x[4]), ops.sub(x[3], x[4])
+    return [ops.add(ops.add(x[0], s12), s34),
+            ops.axpy(2.0, d34, d12),
+            ops.axpy(4.0, s34, s12),
+            ops.add(ops.axpy(8.0, d34, d12), x[5])]
+
+
+# Lavin & Gray's matrices (interpolation points 0, 1, -1 and infinity; F(4x4) adds 2, -2).
+TRANSFORMS = {
+    2: Transform(2,
+                 [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+                 [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
+                 [[1, 1, 1, 0], [0, 1, -1, -1]], _bt2, _at2),
+    4: Transform(4,
+                 [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                  [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+                 [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+                 [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+                  [0, 1, -1, 8, -8, 1]], _bt4, _at4),
+}
 
 
 def refusal(node) -> str | None:
@@ -51,32 +119,67 @@ def refusal(node) -> str | None:
         return "not a 3x3 stride-1 undilated conv"
     if cin % VEC or cout % NR:
         return f"channels {cin} -> {cout}: Winograd needs multiples of {VEC} in, {NR} out"
-    if 16 * gemm.MR * cin * 4 > SCRATCH_BYTES:
+    if 16 * MIN_ROWS * cin * 4 > SCRATCH_BYTES:
         return f"{cin} input channels: the transformed patches would not fit the scratch"
     if min(oh, ow) < MIN_SIDE:
         return f"{oh}x{ow} output: too few 2x2 tiles"
     return None
 
 
-def pack_weight(w: np.ndarray) -> np.ndarray:
-    """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as 16 sets of gemm panels of
-    U_k[ci, co], k = 4a + b, one after another."""
-    g32 = G.astype(np.float32)  # exact: G holds 0, 1 and +-1/2
-    u = np.einsum("ai,ocij,bj->abco", g32, w.astype(np.float32), g32, optimize=True)
+def plan(node) -> WinogradShape:
+    """The shape of a conv that `refusal` accepts, with its tile size chosen."""
+    shape = WinogradShape.of(node)
+    return dataclasses.replace(shape, m=tile_size(shape))
+
+
+def tile_size(s: ConvShape) -> int:
+    """m of F(m x m, 3 x 3). F(4x4) multiplies 36/16 per output against F(2x2)'s 16/4,
+    but its transformed weight is 36/9 = 4x the filter's size (F(2x2): 16/9), streamed
+    once per block of tiles. Measured on ResNet-50's four shapes (one conv in isolation,
+    2 threads, ms for F(2x2) -> F(4x4)): batch 1: 56x56x64 0.52 -> 0.35, 28x28x128
+    0.54 -> 0.31, 14x14x256 0.49 -> 0.46, 7x7x512 0.71 -> 0.94; batch 8: 4.3 -> 2.9,
+    4.1 -> 2.6, 4.0 -> 3.4, 6.1 -> 4.4. So F(4x4) where its weight is small, or where
+    there are enough tiles to reuse a large one."""
+    t4 = s.n * -(-s.oh // 4) * -(-s.ow // 4)
+    u4 = 36 * s.cin * s.cout * 4
+    if 36 * MIN_ROWS * s.cin * 4 > SCRATCH_BYTES:  # too few tiles' patches fit the scratch
+        return 2
+    return 4 if u4 <= F4_SMALL_WEIGHT_BYTES or t4 >= F4_MIN_TILES else 2
+
+
+# Transformed F(4x4) weights up to this size always pay (they stay in L2/L3).
+F4_SMALL_WEIGHT_BYTES = 4 << 20
+# Tiles (4x4) at least for a larger F(4x4) weight to pay its traffic.
+F4_MIN_TILES = 32
+
+
+def pack_weight(w: np.ndarray, m: int = 2) -> np.ndarray:
+    """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as alpha^2 sets of gemm panels of
+    U_k[ci, co], k = alpha a + b, one after another."""
+    t = TRANSFORMS[m]
+    g = t.G.astype(np.float32)
+    u = np.einsum("ai,ocij,bj->abco", g, w.astype(np.float32), g, optimize=True)
     return np.concatenate([gemm.pack_b(u[a, b]).reshape(-1)  # u[a, b]: [ci, co]
-                           for a in range(4) for b in range(4)])
+                           for a in range(t.alpha) for b in range(t.alpha)])
 
 
+@dataclasses.dataclass(frozen=True)
 class WinogradShape(ConvShape):
-    """A 3x3 stride-1 conv's shape (ConvShape's fields), cut into 2x2 output tiles."""
+    """A 3x3 stride-1 conv's shape (ConvShape's fields), cut into m x m output tiles."""
+
+    m: int = 2
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
 
     @property
     def th(self) -> int:
-        return -(-self.oh // 2)
+        return -(-self.oh // self.m)
 
     @property
     def tw(self) -> int:
-        return -(-self.ow // 2)
+        return -(-self.ow // self.m)
 
     @property
     def tiles(self) -> int:
@@ -84,7 +187,11 @@ class WinogradShape(ConvShape):
 
     @property
     def rows(self) -> int:
-        return gemm.tile_rows(self.tiles)
+        """Tiles per block: the fewest blocks of at most MR tiles whose transformed
+        patches fit the scratch, then the shortest."""
+        most = max(1, min(gemm.MR, SCRATCH_BYTES // (self.alpha ** 2 * self.cin * 4)))
+        blocks = -(-self.tiles // most)
+        return -(-self.tiles // blocks)
 
     @property
     def blocks(self) -> int:
@@ -110,6 +217,22 @@ def _i64(n: int) -> ir.Constant:
     return ir.Constant(I64, int(n))
 
 
+class _VectorOps:
+    """`Transform.bt`/`at`'s operations on 16-float vectors."""
+
+    def __init__(self, b: ir.IRBuilder):
+        self.b, self.fma = b, gemm._fma(b)
+
+    def add(self, x, y):
+        return self.b.fadd(x, y)
+
+    def sub(self, x, y):
+        return self.b.fsub(x, y)
+
+    def axpy(self, c, x, y):
+        return self.b.call(self.fma, [ir.Constant(V16, [float(c)] * VEC), x, y])
+
+
 def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_ptr, item,
               zeros, epilogue=None, post=None) -> None:
     """Work item `item`: tiles [item * rows, ...) for every output channel.
@@ -117,10 +240,10 @@ def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_
     `epilogue(b, vec, off, col)`, if given, maps an output vector (16 channels at element
     offset `off` of Y, channel `col`) to what is stored there; `post(b, pixel, col)`, if
     given, runs after that store (an in-place epilogue over those 16 elements)."""
-    rows = s.rows
+    rows, a2 = s.rows, s.alpha ** 2
     with b.goto_entry_block():
-        v_buf = b.alloca(F32, size=_i64(16 * rows * s.cin))
-        m_buf = b.alloca(F32, size=_i64(16 * rows * NR))
+        v_buf = b.alloca(F32, size=_i64(a2 * rows * s.cin))
+        m_buf = b.alloca(F32, size=_i64(a2 * rows * NR))
     block, group = b.udiv(item, _i64(s.groups)), b.urem(item, _i64(s.groups))
     t0 = b.mul(block, _i64(rows))
     last = s.tiles - (s.blocks - 1) * rows  # tiles in the last block
@@ -161,7 +284,7 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                 ptr = b.gep(m_buf, [off], source_etype=F32, inbounds=True)
                 b.store(acc, _as_vector_ptr(b, ptr), align=4)
 
-        gemm.for_range(b, 16, gemm_k)
+        gemm.for_range(b, s.alpha ** 2, gemm_k)
         col0 = b.mul(p, _i64(NR))
         gemm.for_range(b, rows, lambda b, r: _output_transform(
             b, s, m_buf, rows, r, *_tile_origin(b, s, b.add(t0, r)), col0, bias_ptr, y_ptr,
@@ -182,15 +305,17 @@ def _tile_origin(b, s: WinogradShape, t) -> tuple:
     rest = b.udiv(t, _i64(s.tw))
     ty = b.urem(rest, _i64(s.th))
     n = b.udiv(rest, _i64(s.th))
-    return n, b.mul(ty, _i64(2)), b.mul(tx, _i64(2))
+    return n, b.mul(ty, _i64(s.m)), b.mul(tx, _i64(s.m))
 
 
 def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r, n, y0,
                      x0) -> None:
-    """V[k, r, :] = (B^T d B)[k] for tile r's 4x4 input patch d, 16 channels at a time."""
+    """V[k, r, :] = (B^T d B)[k] for tile r's alpha x alpha input patch d, 16 channels at
+    a time."""
+    t = TRANSFORMS[s.m]
     srcs = []
-    for a in range(4):
-        for c in range(4):
+    for a in range(t.alpha):
+        for c in range(t.alpha):
             iy = b.add(y0, _i64(a - s.pads[0]))
             ix = b.add(x0, _i64(c - s.pads[1]))
             inside = b.and_(b.icmp_unsigned("<", iy, _i64(s.h)),
@@ -205,7 +330,7 @@ def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r, n, 
         c = b.mul(j, _i64(VEC))
         d = [b.load(b.gep(p, [c], source_etype=F32, inbounds=True), typ=V16, align=4)
              for p in srcs]
-        for k, v in enumerate(_btdb(b, d)):
+        for k, v in enumerate(_sandwich(t.bt, _VectorOps(b), d, t.alpha)):
             ptr = b.gep(v_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(s.cin)), c)],
                         source_etype=F32, inbounds=True)
             b.store(v, _as_vector_ptr(b, ptr), align=4)
@@ -213,42 +338,37 @@ def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r, n, 
     gemm.for_range(b, s.cin // VEC, body)
 
 
-def _btdb(b, d: list) -> list:
-    """B^T d B for a 4x4 grid d (row-major list of 16 vectors)."""
-    def rows_t(x0, x1, x2, x3):  # B^T applied down a column: 4 values -> 4
-        return [b.fsub(x0, x2), b.fadd(x1, x2), b.fsub(x2, x1), b.fsub(x1, x3)]
-
-    cols = [rows_t(*(d[a * 4 + c] for a in range(4))) for c in range(4)]  # cols[c][i]
-    out = [None] * 16
-    for i in range(4):
-        row = rows_t(*(cols[c][i] for c in range(4)))  # B applied along the row
-        for j in range(4):
-            out[i * 4 + j] = row[j]
+def _sandwich(f, ops, d: list, n: int) -> list:
+    """F d F^T for the 1-d map f (n values -> n' values) and an n x n grid d (row-major
+    list): f down each column, then along each row; n' x n' values, row-major."""
+    cols = [f(ops, [d[a * n + c] for a in range(n)]) for c in range(n)]  # cols[c][i]
+    out = []
+    for i in range(len(cols[0])):
+        out.extend(f(ops, [cols[c][i] for c in range(n)]))
     return out
 
 
 def _output_transform(b, s: WinogradShape, m_buf, rows: int, r, n, y0, x0, col0,
                       bias_ptr, y_ptr, hooks) -> None:
-    """Y's 2x2 block of tile r = A^T M A (+ bias, epilogue), for the panel's NR channels."""
+    """Y's m x m block of tile r = A^T M A (+ bias, epilogue), for the panel's NR channels."""
+    t = TRANSFORMS[s.m]
+    ops = _VectorOps(b)
     for v in range(NV):
         m = [b.load(b.gep(m_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(NR)),
                                         _i64(v * VEC))], source_etype=F32, inbounds=True),
-                    typ=V16, align=4) for k in range(16)]
-
-        def at(x0_, x1, x2, x3):  # A^T on 4 values -> 2
-            return [b.fadd(b.fadd(x0_, x1), x2), b.fsub(b.fsub(x1, x2), x3)]
-
-        cols = [at(*(m[a * 4 + c] for a in range(4))) for c in range(4)]  # cols[c][i]
+                    typ=V16, align=4) for k in range(t.alpha ** 2)]
+        out = _sandwich(t.at, ops, m, t.alpha)
         col = b.add(col0, _i64(v * VEC))
         bias = None
         if bias_ptr is not None:
             bias = b.load(b.gep(bias_ptr, [col], source_etype=F32, inbounds=True), typ=V16,
                           align=4)
-        for i in range(2):
-            out = at(*(cols[c][i] for c in range(4)))
-            for j in range(2):
-                _store_output(b, s, out[j], bias, n, b.add(y0, _i64(i)), b.add(x0, _i64(j)),
-                              col, y_ptr, hooks, edge=(i and s.oh % 2) or (j and s.ow % 2))
+        for i in range(s.m):
+            for j in range(s.m):
+                # an uneven side's last tile has rows or columns past the image
+                edge = (s.oh % s.m and i >= s.oh % s.m) or (s.ow % s.m and j >= s.ow % s.m)
+                _store_output(b, s, out[i * s.m + j], bias, n, b.add(y0, _i64(i)),
+                              b.add(x0, _i64(j)), col, y_ptr, hooks, edge=bool(edge))
 
 
 def _store_output(b, s: WinogradShape, vec, bias, n, oy, ox, col, y_ptr, hooks,

@@ -170,27 +170,72 @@ graph block(%x: f32[1,6,6,16], %skip: f32[1,6,6,64]) -> (%y) {
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("m,rtol", [(2, 2e-6), (4, 2e-5)])
 @pytest.mark.parametrize("x_shape,cout,pads", [
-    ((1, 8, 8, 16), 32, (1, 1, 1, 1)),  # whole 2x2 tiles
-    ((2, 9, 11, 32), 64, (1, 1, 1, 1)),  # odd sides: the last tiles hang over the image
+    ((1, 8, 8, 16), 32, (1, 1, 1, 1)),  # whole tiles
+    ((2, 9, 11, 32), 64, (1, 1, 1, 1)),  # uneven sides: the last tiles hang over the image
     ((1, 10, 9, 16), 32, (0, 1, 2, 0)),  # uneven padding
     ((1, 7, 7, 64), 64, (1, 1, 1, 1)),  # ResNet's 7x7 maps
+    ((1, 7, 13, 256), 32, (1, 1, 1, 1)),  # the scratch takes fewer tiles per block
 ])
-def test_winograd_3x3_matches_torch(x_shape, cout, pads):
-    """3x3 stride-1 convs with enough channels run on F(2x2, 3x3); the transforms add
-    rounding of a few ulps (G, B, A hold 0, +-1, +-1/2)."""
+def test_winograd_3x3_matches_torch(x_shape, cout, pads, m, rtol, monkeypatch):
+    """3x3 stride-1 convs with enough channels run on F(2x2, 3x3) or F(4x4, 3x3); the
+    transforms add rounding (F(2x2)'s matrices hold 0, +-1, +-1/2 only; F(4x4)'s hold
+    1/6 and 1/24 and entries up to 8: errors grow ~10x, as in every library's F(4x4))."""
     from compiler.kernels import winograd
 
+    monkeypatch.setattr(winograd, "SCRATCH_BYTES", 1 << 17)  # 5 F(4x4) tiles of 256 ch
+    monkeypatch.setattr(winograd, "tile_size", lambda s: m)
     rng = np.random.default_rng(5)
     w = rng.standard_normal((cout, x_shape[3], 3, 3)).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
     g = _conv_graph(x_shape, w, bias, (1, 1), pads, (1, 1))
     node = next(n for n in g.nodes if n.op == "conv")
-    assert winograd.refusal(node) is None
+    assert winograd.refusal(node) is None and winograd.plan(node).m == m
     x = rng.standard_normal(x_shape).astype(np.float32)
     y, = compile_graph(g).run([x])
     want = _torch_conv(x, w, bias, (1, 1), pads, (1, 1))
-    np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
+    np.testing.assert_allclose(y, want, rtol=0, atol=rtol * np.abs(want).max())
+
+
+class _NumpyOps:
+    add, sub = staticmethod(np.add), staticmethod(np.subtract)
+
+    @staticmethod
+    def axpy(c, x, y):
+        return c * x + y
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_transforms(m):
+    """The factored 1-d transforms are the matrices, and the matrices compute a 3-tap
+    correlation: A^T [(G g G^T) . (B^T d B)] A = d correlated with g (m x m outputs)."""
+    from compiler.kernels import winograd
+
+    t = winograd.TRANSFORMS[m]
+    eye = list(np.eye(t.alpha))
+    np.testing.assert_array_equal(np.array(t.bt(_NumpyOps, eye)), t.BT)
+    np.testing.assert_array_equal(np.array(t.at(_NumpyOps, eye)), t.AT)
+    rng = np.random.default_rng(m)
+    d, g = rng.standard_normal((t.alpha, t.alpha)), rng.standard_normal((3, 3))
+    y = t.AT @ ((t.G @ g @ t.G.T) * (t.BT @ d @ t.BT.T)) @ t.AT.T
+    want = [[(d[i:i + 3, j:j + 3] * g).sum() for j in range(m)] for i in range(m)]
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+
+
+def test_winograd_tile_size():
+    """F(4x4) on ResNet-50's 56x56 and 28x28 maps, and at batch 8 on all four; F(2x2)
+    at batch 1 where the transformed weight is large and the tiles few."""
+    from compiler.kernels import winograd
+
+    rng = np.random.default_rng(8)
+    picked = {}
+    for n, h, c in [(1, 56, 64), (1, 28, 128), (1, 14, 256), (1, 7, 512), (8, 14, 256),
+                    (8, 7, 512)]:
+        w = rng.standard_normal((c, c, 3, 3)).astype(np.float32)
+        g = _conv_graph((n, h, h, c), w, None, (1, 1), (1, 1, 1, 1), (1, 1))
+        picked[n, h] = winograd.plan(next(x for x in g.nodes if x.op == "conv")).m
+    assert picked == {(1, 56): 4, (1, 28): 4, (1, 14): 2, (1, 7): 2, (8, 14): 4, (8, 7): 4}
 
 
 def test_winograd_says_why_not():
