@@ -49,8 +49,12 @@ OUT_DIR = Path(__file__).resolve().parent / "out"
 RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
 
 # Pause before each timed sample so thread pools that the previous runtime left
-# spin-waiting (OpenMP, onnxruntime: well under a millisecond to a few) go to sleep.
-SETTLE_S = 0.01
+# spin-waiting go to sleep. onnxruntime's pool keeps its cores for tens of milliseconds
+# after a call: measured on ResNet-50 (2 threads, braze timed right after onnxruntime,
+# no lead-in), braze took 61 ms after a 10 ms pause, 40 ms after 30 ms, and its
+# undisturbed 32 ms after 50 ms or more. The round-robin rotation does not spread this:
+# a runtime always follows the same neighbour in the cycle.
+SETTLE_S = 0.1
 # A time budget never cuts a case below this many rounds: fewer samples make the
 # median and quartiles meaningless.
 MIN_ROUNDS = 3

@@ -54,8 +54,8 @@ MAX_REL_DIFF = 1e-4
 LATENCY_TOL = 0.03
 DEFAULT_WARMUP = 5
 DEFAULT_ROUNDS = 60
-# Untimed calls right before each timed one: measured here, the call right after the
-# other session's is 1.5-1.7x slower (its spin-waiting pool outlasts SETTLE_S), which
+# Untimed calls right before each timed one: with a short settle the call right after
+# the other session's was 1.5-1.7x slower (its spin-waiting pool still running), which
 # alternating the order cancels on average but which swamps the spread.
 DEFAULT_LEAD_IN = 1
 ORIGINAL, OPTIMIZED = "onnxruntime, original", "onnxruntime, braze optimize"

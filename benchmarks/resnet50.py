@@ -152,9 +152,8 @@ def main(argv=None) -> dict:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     faulthandler.enable()  # a crash in native code still says where
     common.configure_threads()
-    # lead_in: one untimed call right before each sample, as in a loop of calls; without
-    # it, the previous runtime's pools, still spinning after SETTLE_S, bias the order
-    # (measured with two onnxruntime sessions: the second 1.5-1.7x slower).
+    # lead_in: one untimed call right before each sample, as in a loop of calls (this
+    # runtime's pools awake); SETTLE_S before it lets the previous runtime's go to sleep.
     settings = Settings(warmup=args.warmup, rounds=args.rounds, budget_s=args.budget or None,
                         lead_in=1)
     model = build_model()

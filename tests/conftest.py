@@ -33,3 +33,11 @@ def pytest_collection_modifyitems(config, items):
                 has_gpu = _has_cuda()
             if not has_gpu:
                 item.add_marker(skip_gpu)
+
+
+def pytest_configure(config):
+    # every kernel found a twin by its signature is rendered anyway and its code compared
+    # (compiler/codegen/cpu.py: a signature that misses something fails loudly here)
+    from compiler.codegen import cpu
+
+    cpu.VERIFY_TWINS = True

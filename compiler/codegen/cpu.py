@@ -19,6 +19,8 @@ tensors and the intermediates (see compiled.py for who fills it).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from llvmlite import ir
 
@@ -41,6 +43,11 @@ PARALLEL_MIN_ELEMENTS = 1 << 15
 # Linear elements per row of a flat elementwise kernel: big enough for the
 # vectorized loop to amortize its prologue, small enough to split among threads.
 LOOP_BLOCK = 4096
+# Constants up to this many elements are part of a kernel's signature (their values may
+# be inlined in its code); a kernel reading a larger one that is not packed has none.
+SIGNATURE_CONST_ELEMENTS = 64
+# Render twins anyway and check that they are twins (tests/conftest.py sets it).
+VERIFY_TWINS = os.environ.get("BRAZE_VERIFY_TWINS") == "1"
 
 
 class Renderer:
@@ -50,7 +57,9 @@ class Renderer:
         self.graph, self.plan, self.slots = graph, kplan, slots
         self.module = ir.Module(name=graph.name)
         self._local: dict = {}  # buffer -> index in the kernel being rendered's table
-        self._unique: dict[str, ir.Function] = {}  # kernel text -> its one function
+        self._unique: dict[str, tuple] = {}  # kernel text -> (function, outer, threaded?)
+        self._by_signature: dict[tuple, tuple] = {}  # _signature -> the same
+        self.verify_twins = VERIFY_TWINS
         self._count = 0  # kernels rendered (names k0, k1, ...; twins are dropped)
         self._omp: dict = {}
 
@@ -66,20 +75,33 @@ class Renderer:
         A kernel reads its buffers from a table of its own, so kernels that compute the
         same thing on other buffers (a ResNet's repeated blocks) are one function: LLVM
         compiles each distinct kernel once (compile time follows the distinct shapes).
+        A twin is found by its `_signature`, before rendering (building a kernel's IR
+        was most of braze's compile time, and half of ResNet-50's kernels are twins);
+        with `verify_twins` set, twins are rendered anyway and their text compared.
         """
         values = _leaves(k, self.slots) + [k.root] + [
             (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
             if (PACKED, u) in self.slots]
         self._local = {v: i for i, v in enumerate(values)}
+        sig = _signature(k, self._local)
+        twin = self._by_signature.get(sig) if sig is not None else None
+        if twin is not None and not self.verify_twins:
+            return (*twin, values)
         name = f"k{self._count}"
         self._count += 1
         fn, outer, parallel = self._nest(self.module, name, k)
         text = str(fn).replace(f'@"{name}"', "@k", 1)
         same = self._unique.get(text)
+        if twin is not None and (same is None or same[0] is not twin[0]):
+            raise AssertionError(f"kernel %{k.root.name} has a twin's signature but not "
+                                 f"its code: _signature misses something")
         if same is not None:  # rendered once; a twin's copy leaves the module
             del self.module.globals[name]
-            return same, outer, parallel, values
-        self._unique[text] = fn
+            fn = same[0]
+        else:
+            self._unique[text] = (fn, outer, parallel)
+        if sig is not None:
+            self._by_signature.setdefault(sig, (fn, outer, parallel))
         return fn, outer, parallel, values
 
     def _nest(self, module: ir.Module, name: str, k: Kernel) -> tuple[ir.Function, int, bool]:
@@ -480,6 +502,47 @@ def _store(b: ir.IRBuilder, base, dtype: str, off, x) -> None:
 
 def _without(ptrs: dict, v: Value) -> dict:
     return {u: p for u, p in ptrs.items() if u is not v}
+
+
+def _signature(k: Kernel, local: dict) -> tuple | None:
+    """What a kernel's code depends on, with its buffers named by their place in its
+    table (`local`) and its other values by position: kernels with equal signatures
+    render to the same function. None (never a twin) when a node reads a value that is
+    neither a buffer, nor computed in the kernel, nor a small constant."""
+    ids = {v: ("buf", i) for v, i in local.items()}
+    parts: list = [k.kind, k.domain, k.axes]
+    for n in k.nodes:
+        args = []
+        for u in n.inputs:
+            if u in ids:
+                args.append(ids[u])
+            elif u.producer is not None and u.producer.op == "const":
+                value = np.asarray(u.producer.attrs["value"])
+                if value.size > SIGNATURE_CONST_ELEMENTS and (PACKED, u) not in local:
+                    return None
+                args.append(("const", str(u.type), value.tobytes()
+                             if value.size <= SIGNATURE_CONST_ELEMENTS else None))
+            else:
+                return None
+        for o in n.outputs:
+            ids.setdefault(o, ("val", len(ids)))
+        attrs = tuple(sorted((key, _attr_key(a)) for key, a in n.attrs.items()))
+        parts.append((n.op, attrs, tuple(str(o.type) for o in n.outputs), tuple(args),
+                      tuple(ids[o] for o in n.outputs)))
+    parts.append(tuple(tuple(ids.get(n.outputs[0]) for n in level) for level in k.levels))
+    parts.append(tuple(ids.get(v) for v in k.row_cached))
+    parts.append(ids[k.root])
+    return tuple(parts)
+
+
+def _attr_key(a):
+    if isinstance(a, np.ndarray):
+        return ("array", str(a.dtype), a.shape, a.tobytes())
+    if isinstance(a, (list, tuple)):
+        return tuple(_attr_key(x) for x in a)
+    if isinstance(a, dict):
+        return tuple(sorted((key, _attr_key(x)) for key, x in a.items()))
+    return (type(a).__name__, repr(a))
 
 
 def _leaves(k: Kernel, slots: dict) -> list[Value]:

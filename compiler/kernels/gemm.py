@@ -99,10 +99,11 @@ def _fma(b: ir.IRBuilder):
         return ir.Function(mod, ir.FunctionType(V16, [V16, V16, V16]), "llvm.fma.v16f32")
 
 
-def _splat(b: ir.IRBuilder, x):
+def splat(b: ir.IRBuilder, x):
+    """A 16-float vector of the scalar x (a zero mask prints as one word of IR)."""
     v = b.insert_element(ir.Constant(V16, ir.Undefined), x, ir.Constant(I32, 0))
     return b.shuffle_vector(v, ir.Constant(V16, ir.Undefined),
-                            ir.Constant(ir.VectorType(I32, VEC), [0] * VEC))
+                            ir.Constant(ir.VectorType(I32, VEC), None))
 
 
 def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
@@ -225,7 +226,7 @@ def accumulate(b: ir.IRBuilder, rows: int, packed_ptr, panel_k, k_outer: int,
         new = []
         for r in range(rows):
             a = b.load(b.gep(ptrs[r], [c], source_etype=F32, inbounds=True), typ=F32)
-            s = _splat(b, a)
+            s = splat(b, a)
             new += [b.call(fma, [s, bvecs[v], accs[r * NV + v]]) for v in range(NV)]
         return new
 

@@ -218,10 +218,16 @@ def _i64(n: int) -> ir.Constant:
 
 
 class _VectorOps:
-    """`Transform.bt`/`at`'s operations on 16-float vectors."""
+    """`Transform.bt`/`at`'s operations on 16-float vectors. A coefficient's splat is
+    made once per kernel, in its entry block (a literal vector constant is 16 numbers
+    of IR text at every use, and rendering that text dominated compile time)."""
 
     def __init__(self, b: ir.IRBuilder):
         self.b, self.fma = b, gemm._fma(b)
+        fn = b.function
+        if not hasattr(fn, "braze_splats"):
+            fn.braze_splats = {}  # coefficient -> its splat in this kernel's entry block
+        self.splats = fn.braze_splats
 
     def add(self, x, y):
         return self.b.fadd(x, y)
@@ -230,7 +236,11 @@ class _VectorOps:
         return self.b.fsub(x, y)
 
     def axpy(self, c, x, y):
-        return self.b.call(self.fma, [ir.Constant(V16, [float(c)] * VEC), x, y])
+        v = self.splats.get(c)
+        if v is None:
+            with self.b.goto_entry_block():
+                v = self.splats[c] = gemm.splat(self.b, ir.Constant(F32, float(c)))
+        return self.b.call(self.fma, [v, x, y])
 
 
 def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_ptr, item,

@@ -216,3 +216,40 @@ def test_per_call_overhead_and_thread_launch(monkeypatch):
     two = _per_call(lambda: tiny.run([b]), 5000)
     print(f"\nper call, 1x1 add: {call * 1e6:.2f} us; "
           f"OpenMP launch (2 threads): {(two - one) * 1e6:.2f} us")
+
+
+def _twins_graph() -> Graph:
+    """Three kernels: exp(x) * 2 and exp(y) * 2 are twins (same code, other buffers);
+    exp(z) * 3 differs only in an inlined constant."""
+    g = Graph("twins")
+    outs = []
+    for name, c in (("x", 2.0), ("y", 2.0), ("z", 3.0)):
+        v = g.add_input(name, TensorType("f32", (4, 100)))
+        outs.append(g.op("mul", g.op("exp", v), g.const(np.array(c, np.float32))))
+    g.outputs = outs
+    return g
+
+
+def test_twin_kernels_are_rendered_once(monkeypatch):
+    """A kernel whose signature matches an earlier one's reuses its function without
+    being rendered; the results are still each kernel's own."""
+    monkeypatch.setattr(cpu, "VERIFY_TWINS", False)
+    rendered = []
+    nest = cpu.Renderer._nest
+    monkeypatch.setattr(cpu.Renderer, "_nest",
+                        lambda self, m, name, k: rendered.append(name) or nest(self, m, name, k))
+    cg = compile_graph(_twins_graph())
+    assert len(cg.kernels) == 3 and len(rendered) == 2
+    assert cg.llvm_ir.count("define internal void @\"k") == 2
+    xs = [np.random.default_rng(i).standard_normal((4, 100)).astype(np.float32) for i in range(3)]
+    for got, x, c in zip(cg.run(xs), xs, (2, 2, 3)):
+        np.testing.assert_allclose(got, np.exp(x) * c, rtol=1e-6)
+
+
+def test_a_signature_that_misses_something_fails_loudly(monkeypatch):
+    """With VERIFY_TWINS (set for the whole suite), twins are rendered anyway: a
+    signature that calls two different kernels twins is an error, not wrong code."""
+    monkeypatch.setattr(cpu, "VERIFY_TWINS", True)
+    monkeypatch.setattr(cpu, "_signature", lambda k, local: ("same",))
+    with pytest.raises(AssertionError, match="_signature misses something"):
+        compile_graph(_twins_graph())
