@@ -85,6 +85,11 @@ class ConvShape:
                 and self.dilations == (1, 1) and self.cin < 16)
 
     @property
+    def pointwise(self) -> bool:
+        """A 1x1 conv: each output pixel reads one input pixel's Cin channels."""
+        return self.kh == self.kw == 1
+
+    @property
     def m(self) -> int:
         return self.n * self.oh * self.ow
 
@@ -133,6 +138,17 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         if before is not None:
             before(b, rows, row0, panel)
         pix = [_pixel(b, s, b.add(row0, _i64(r))) for r in range(rows)]
+        if s.pointwise and rows > 1 and gemm.aliasing(s.cin * s.strides[1] * 4):
+            # a 1x1 conv's rows are pixels: copied where their stride aliases in L1
+            ptrs = gemm.packed_rows(b, rows, s.cin, row0, [
+                _input_row(b, s, x_ptr, zeros, n, y0, x0, _i64(0), _i64(0))
+                for n, y0, x0 in pix])
+            vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), 1, s.cin,
+                                   lambda b, kk: ptrs)
+            gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
+            if after is not None:
+                after(b, rows, row0, panel)
+            return
 
         def row_ptrs(b, kk):
             if wide:  # kk is kh: the window row's KW * Cin elements are contiguous
@@ -148,7 +164,8 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         if after is not None:
             after(b, rows, row0, panel)
 
-    gemm.for_each_tile(b, s.m, s.cout, item, tile, gemm.row_major(s.k, s.cout, s.m))
+    gemm.for_each_tile(b, s.m, s.cout, item, tile, gemm.row_major(s.k, s.cout, s.m) or
+                       (s.pointwise and gemm.aliasing(s.cin * s.strides[1] * 4)))
 
 
 def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:

@@ -10,6 +10,7 @@ import torch
 
 from compiler.codegen import compile_graph, supports
 from compiler.codegen.compiled import PACKED
+from compiler.kernels import gemm
 from compiler.text import parse_graph
 
 
@@ -273,3 +274,21 @@ graph e(%x: f32[1,8,8,16]) -> (%y) {{
         y, = cg.run([x])
         want = ref(_torch_conv(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1)))
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("x_shape,strides", [((1, 5, 5, 1024), (1, 1)),
+                                             ((2, 6, 6, 512), (2, 2))])
+def test_pointwise_conv_rows_4k_apart_match_torch(x_shape, strides):
+    """1x1 convs whose pixels are 4 KiB apart (1024 channels, or 512 at stride 2) read
+    each row block from a padded copy; the numbers are the direct conv's."""
+    rng = np.random.default_rng(9)
+    cout = 64
+    w = rng.standard_normal((cout, x_shape[3], 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    g = _conv_graph(x_shape, w, bias, strides, (0, 0, 0, 0), (1, 1))
+    cg = compile_graph(g)
+    assert f"alloca float, i64 {gemm.MR * (x_shape[3] + gemm.ROW_PAD)}" in cg.llvm_ir
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y, = cg.run([x])
+    want = _torch_conv(x, w, bias, strides, (0, 0, 0, 0), (1, 1))
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())

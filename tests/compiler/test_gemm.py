@@ -58,6 +58,7 @@ def test_refusals_name_the_reason():
     ((25, 64), 100),
     ((1, 1), 1),
     ((2, 3, 17), 40),  # batch dims fold into the rows
+    ((30, 1024), 64),  # rows 4 KiB apart: copied to a padded scratch (a row tail too)
 ])
 def test_numbers_match_numpy(a_shape, n):
     rng = np.random.default_rng(0)
@@ -85,3 +86,14 @@ def test_two_threads_match_one():
 def test_tile_rows_use_the_fewest_blocks_then_the_shortest():
     assert gemm.tile_rows(49) == 10  # 5 blocks of 10 (the last 9), not 4 of 12 and 1
     assert gemm.tile_rows(3136) == 12 and gemm.tile_rows(32) == 11 and gemm.tile_rows(5) == 5
+
+
+def test_rows_4k_apart_are_copied_once_per_row_block():
+    """K = 1024 floats: A's rows alias in L1, so tiles read a padded copy, made in an
+    alloca of MR rows of K + ROW_PAD, and the tiles go row-block-major."""
+    assert gemm.aliasing(1024 * 4) and gemm.aliasing(2048 * 4) and not gemm.aliasing(512 * 4)
+    w = np.ones((1024, 64), np.float32)
+    ir_text = compile_graph(_matmul((24, 1024), (1024, 64), w)).llvm_ir
+    assert f"alloca float, i64 {gemm.MR * (1024 + gemm.ROW_PAD)}" in ir_text
+    ir_text = compile_graph(_matmul((24, 512), (512, 64), w[:512])).llvm_ir
+    assert f"alloca float, i64 {gemm.MR * (512 + gemm.ROW_PAD)}" not in ir_text
