@@ -79,9 +79,7 @@ class Renderer:
         was most of braze's compile time, and half of ResNet-50's kernels are twins);
         with `verify_twins` set, twins are rendered anyway and their text compared.
         """
-        values = _leaves(k, self.slots) + [k.root] + [
-            (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
-            if (PACKED, u) in self.slots]
+        values = self._values(k)
         self._local = {v: i for i, v in enumerate(values)}
         sig = _signature(k, self._local)
         twin = self._by_signature.get(sig) if sig is not None else None
@@ -104,44 +102,45 @@ class Renderer:
             self._by_signature.setdefault(sig, (fn, outer, parallel))
         return fn, outer, parallel, values
 
-    def _nest(self, module: ir.Module, name: str, k: Kernel) -> tuple[ir.Function, int, bool]:
+    def _values(self, k: Kernel) -> list:
+        """The buffers in a kernel's own table, in order: what it reads, its root, and
+        its packed operands."""
+        return _leaves(k, self.slots) + [k.root] + [
+            (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
+            if (PACKED, u) in self.slots]
+
+    def _nest(self, module: ir.Module, name: str, k: Kernel,
+              linkage: str = "internal") -> tuple[ir.Function, int, bool]:
         """The kernel's function, its outer trip count, and whether to run it threaded."""
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
-        fn.linkage = "internal"
+        fn.linkage = linkage
         bufs, lo, hi = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptrs = self._buffers(b, bufs, _leaves(k, self.slots) + [k.root])
         root = k.root
         node = k.contraction
+        outer, parallel = _extent(k)
         if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
             shape = gemm.GemmShape.of(node)
-            outer, work = shape.items, shape.m * shape.n * shape.k
             a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
             after, before, regs = self._tile_hooks(ptrs, k)
             _loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
                                                          ptrs[root], o, after, before, regs))
         elif node is not None and node.op == "conv":
-            outer, work = self._conv(b, bufs, ptrs, k, lo, hi)
+            self._conv(b, bufs, ptrs, k, lo, hi)
         elif node is not None:
-            outer = int(np.prod(root.shape[:-1], dtype=np.int64))
-            work = root.type.size * node.inputs[0].shape[-1]
             _loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row":
-            outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
-            work = int(np.prod(k.domain, dtype=np.int64))
             _loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
         elif _is_flat(k):
             work = root.type.size
-            outer = -(-work // LOOP_BLOCK)
             _loop(b, lo, hi, lambda b, o: self._flat_block(b, ptrs, k, o, work))
         else:
             inner = root.shape[-1] if root.shape else 1
-            work = root.type.size
-            outer = work // inner if inner else 0
             _loop(b, lo, hi, lambda b, o: self._row_of_loop(b, ptrs, k, o, inner))
         b.ret_void()
-        return fn, outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
+        return fn, outer, parallel
 
     def _buffers(self, b: ir.IRBuilder, bufs, values) -> dict:
         out = {}
@@ -245,9 +244,9 @@ class Renderer:
 
         return after
 
-    def _conv(self, b, bufs, ptrs, k: Kernel, lo, hi) -> tuple[int, int]:
+    def _conv(self, b, bufs, ptrs, k: Kernel, lo, hi) -> None:
         """A conv kernel's loop over its work items: Winograd where it applies, else the
-        direct implicit GEMM; returns (work items, multiply-adds)."""
+        direct implicit GEMM (`_extent` counts the same items)."""
         node, root = k.contraction, k.root
         x = node.inputs[0]
         extra = [(PACKED, u) for u in node.inputs[1:]]
@@ -264,7 +263,6 @@ class Renderer:
             after, before, regs = self._tile_hooks(ptrs, k)
             _loop(b, lo, hi, lambda b, o: conv.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, after, before, regs))
-        return shape.items, shape.macs
 
     def _tile_hooks(self, ptrs, k: Kernel) -> tuple:
         """(after, before, transform) for a tile kernel: its epilogue on the registers
@@ -461,6 +459,72 @@ class Renderer:
         return table
 
 
+class SplitRender:
+    """One cluster's kernels cut into `parts` LLVM modules that compile separately (at the
+    same time, in compiled.py) and are loaded together. Kernels are grouped by signature
+    first (twins share one function, as in `Renderer`), then the groups are dealt to the
+    parts by an estimate of their code size; part 0 also holds the entry `run`, which
+    calls the other parts' functions by their exported names `<tag>.k<group>` (`tag`
+    makes them unique to this cluster's code)."""
+
+    def __init__(self, graph: Graph, kplan, slots: dict[Value, int], tag: str,
+                 parts: int = 2):
+        self.graph, self.plan, self.slots, self.tag = graph, kplan, slots, tag
+        probe = Renderer(graph, kplan, slots)
+        self.group: list[int] = []  # kernel index -> its group
+        self.first: list[int] = []  # group -> its first kernel's index
+        seen: dict[tuple, int] = {}
+        for i, k in enumerate(kplan.kernels):
+            sig = _signature(k, {v: j for j, v in enumerate(probe._values(k))})
+            g = seen.get(sig) if sig is not None else None
+            if g is None:
+                g = len(self.first)
+                self.first.append(i)
+                if sig is not None:
+                    seen[sig] = g
+            self.group.append(g)
+        load = [0.0] * parts
+        self.owner = [0] * len(self.first)
+        for g in sorted(range(len(self.first)), key=lambda g: -self._size(g)):
+            self.owner[g] = min(range(parts), key=load.__getitem__)
+            load[self.owner[g]] += self._size(g)
+        self.parts = parts
+
+    @property
+    def groups(self) -> int:
+        return len(self.first)
+
+    def _size(self, g: int) -> float:
+        """A rough relative size of group g's code (Winograd and direct convs render the
+        most: transforms, micro-kernels and their tails)."""
+        node = self.plan.kernels[self.first[g]].contraction
+        if node is None:
+            return 1.0
+        if node.op == "conv":
+            return 6.0 if winograd.refusal(node) is None else 3.0
+        return 2.0
+
+    def render(self, part: int) -> str:
+        """LLVM IR of one part: its groups' functions (exported), and for part 0 the
+        entry, with the other parts' functions declared."""
+        r = Renderer(self.graph, self.plan, self.slots)
+        kernels = self.plan.kernels
+        fns: dict[int, ir.Function] = {}
+        for g, i in enumerate(self.first):
+            name = f"{self.tag}.k{g}"
+            if self.owner[g] == part:
+                k = kernels[i]
+                r._local = {v: j for j, v in enumerate(r._values(k))}
+                fns[g] = r._nest(r.module, name, k, linkage="external")[0]
+            elif part == 0:
+                fns[g] = ir.Function(r.module, ir.FunctionType(ir.VoidType(),
+                                                               [PTR, I64, I64]), name)
+        if part == 0:
+            r._entry([(fns[g], *_extent(kernels[self.first[g]]), r._values(k))
+                      for k, g in zip(kernels, self.group)])
+        return str(r.module)
+
+
 # -- helpers ----------------------------------------------------------------------
 
 def _loop(b: ir.IRBuilder, lo, hi, body, step=None) -> None:
@@ -502,6 +566,33 @@ def _store(b: ir.IRBuilder, base, dtype: str, off, x) -> None:
 
 def _without(ptrs: dict, v: Value) -> dict:
     return {u: p for u, p in ptrs.items() if u is not v}
+
+
+def _extent(k: Kernel) -> tuple[int, bool]:
+    """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
+    rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
+    root, node = k.root, k.contraction
+    if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
+        shape = gemm.GemmShape.of(node)
+        outer, work = shape.items, shape.m * shape.n * shape.k
+    elif node is not None and node.op == "conv":
+        shape = winograd.plan(node) if winograd.refusal(node) is None \
+            else conv.ConvShape.of(node)
+        outer, work = shape.items, shape.macs
+    elif node is not None:
+        outer = int(np.prod(root.shape[:-1], dtype=np.int64))
+        work = root.type.size * node.inputs[0].shape[-1]
+    elif k.kind == "row":
+        outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
+        work = int(np.prod(k.domain, dtype=np.int64))
+    elif _is_flat(k):
+        work = root.type.size
+        outer = -(-work // LOOP_BLOCK)
+    else:
+        inner = root.shape[-1] if root.shape else 1
+        work = root.type.size
+        outer = work // inner if inner else 0
+    return outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
 
 
 def _signature(k: Kernel, local: dict) -> tuple | None:

@@ -12,11 +12,16 @@ on the path. Where libgomp is missing, kernels run on one thread.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+import struct
 import threading
+import warnings
+from typing import Callable
 
 import llvmlite.binding as llvm
 
@@ -96,8 +101,8 @@ class JitModule:
             if module is not None:
                 self._engine.add_module(module)
                 self._module = module
-            if object_code is not None:
-                self._engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
+            for obj in split_objects(object_code) if object_code is not None else ():
+                self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             self._engine.finalize_object()
             self._engine.run_static_constructors()
 
@@ -111,3 +116,103 @@ class JitModule:
 def emit_object(module: llvm.ModuleRef) -> bytes:
     """Machine code for the host, to cache on disk and load with JitModule(object_code=...)."""
     return target_machine().emit_object(module)
+
+
+# Several object files as one blob (what the compile cache and artifacts store): MAGIC,
+# the count and each length (little-endian u32, u64s), then the files. A single
+# object file is stored as itself.
+MAGIC = b"braze-objects\0"
+
+
+def join_objects(objects: list[bytes]) -> bytes:
+    if len(objects) == 1:
+        return objects[0]
+    head = MAGIC + struct.pack(f"<I{len(objects)}Q", len(objects), *map(len, objects))
+    return head + b"".join(objects)
+
+
+def split_objects(blob: bytes) -> list[bytes]:
+    if not blob.startswith(MAGIC):
+        return [blob]
+    at = len(MAGIC)
+    (count,) = struct.unpack_from("<I", blob, at)
+    sizes = struct.unpack_from(f"<{count}Q", blob, at + 4)
+    at += 4 + 8 * count
+    out = []
+    for size in sizes:
+        out.append(blob[at:at + size])
+        at += size
+    if at != len(blob):
+        raise ValueError("truncated braze object blob")
+    return out
+
+
+def compile_ir(module_text: str) -> bytes:
+    """Object code of one LLVM IR module (optimized for the host)."""
+    return emit_object(optimize(module_text))
+
+
+def compile_parts(render: Callable[[int], str], parts: int) -> bytes:
+    """Object code of `parts` modules, `render(p)` -> IR text of part p, as one blob.
+
+    LLVM calls through llvmlite hold one process-wide lock, so parts cannot compile on
+    threads: parts 1.. are rendered and compiled in forked children (where the OS has
+    fork), which send their object code back through a pipe, while this process does
+    part 0. A child that fails leaves its part to this process, which then compiles it
+    itself (and raises any error there, as a serial compile would)."""
+    if parts == 1 or not hasattr(os, "fork"):
+        return join_objects([compile_ir(render(p)) for p in range(parts)])
+    children = [_fork_part(render, p) for p in range(1, parts)]
+    objects = [compile_ir(render(0))]
+    for p, child in enumerate(children, start=1):
+        obj = _collect(child)
+        if obj is None:
+            log.debug("braze: compile worker for part %d failed; compiling it here", p)
+            obj = compile_ir(render(p))
+        objects.append(obj)
+    return join_objects(objects)
+
+
+def _fork_part(render, part: int):
+    """(pid, read end) of a child compiling `part`, or None when fork fails."""
+    _init()
+    read, write = os.pipe()
+    # no other thread may hold llvmlite's lock across the fork (the child would wait
+    # for it forever): take it here, and the child (this thread's copy) releases it
+    lock = getattr(getattr(llvm.ffi, "lib", None), "_lock", None) or contextlib.nullcontext()
+    try:
+        with lock, warnings.catch_warnings():
+            # Python 3.12+ warns about fork in a threaded process; the child runs only
+            # LLVM (whose lock is held here) and this module's code, then _exit
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return None
+    if pid == 0:  # the child: compile, write, and leave without running any cleanup
+        status = 1
+        try:
+            os.close(read)
+            obj = compile_ir(render(part))
+            with os.fdopen(write, "wb") as out:
+                out.write(struct.pack("<Q", len(obj)) + obj)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    return pid, read
+
+
+def _collect(child) -> bytes | None:
+    """The child's object code, or None if it failed (its exit is reaped either way)."""
+    if child is None:
+        return None
+    pid, read = child
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or len(data) < 8:
+        return None
+    (size,) = struct.unpack_from("<Q", data)
+    return data[8:] if len(data) == 8 + size else None

@@ -253,3 +253,82 @@ def test_a_signature_that_misses_something_fails_loudly(monkeypatch):
     monkeypatch.setattr(cpu, "_signature", lambda k, local: ("same",))
     with pytest.raises(AssertionError, match="_signature misses something"):
         compile_graph(_twins_graph())
+
+
+def _chain_of_distinct_kernels(n: int) -> Graph:
+    """n kernels of different shapes (no twins): a row softmax per width."""
+    g = Graph("distinct")
+    outs = []
+    for i in range(n):
+        x = g.add_input(f"x{i}", TensorType("f32", (3, 16 + 8 * i)))
+        e = g.op("exp", x)
+        outs.append(g.op("div", e, g.op("reduce_sum", e, axes=[1], keepdims=True)))
+    g.outputs = outs
+    return g
+
+
+def test_objects_join_and_split():
+    from compiler.codegen.llvm_cpu import join_objects, split_objects
+
+    assert join_objects([b"\x7fELF one"]) == b"\x7fELF one"  # a single file as itself
+    parts = [b"\x7fELF a", b"", b"\x7fELF ccc"]
+    assert split_objects(join_objects(parts)) == parts
+    with pytest.raises(ValueError):
+        split_objects(join_objects(parts)[:-1])
+
+
+def test_parallel_parts_compile_in_a_forked_child_and_match(monkeypatch):
+    """Enough distinct kernels: two modules, part 1 rendered and compiled in a forked
+    child, loaded together (the entry in part 0 calls part 1's exported functions)."""
+    import os
+
+    from compiler.codegen import compiled, llvm_cpu
+
+    monkeypatch.setattr(compiled, "PARALLEL_MIN_GROUPS", 3)
+    monkeypatch.setenv("BRAZE_COMPILE_JOBS", "2")
+    g = _chain_of_distinct_kernels(4)
+    xs = [np.random.default_rng(i).standard_normal(v.shape).astype(np.float32)
+          for i, v in enumerate(g.inputs)]
+    parent = os.getpid()
+    pids = []
+    compile_ir = llvm_cpu.compile_ir
+    monkeypatch.setattr(llvm_cpu, "compile_ir",
+                        lambda text: pids.append(os.getpid()) or compile_ir(text))
+    cg = CompiledGraph(g)
+    assert len(llvm_cpu.split_objects(cg.object_code)) == 2
+    assert pids == [parent]  # part 0 here; the child's call is not seen in this process
+    for got, want in zip(cg.run(xs), evaluate(g, xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_failed_compile_child_leaves_its_part_to_the_parent(monkeypatch):
+    import os
+
+    from compiler.codegen import compiled, cpu as cpu_mod
+
+    monkeypatch.setattr(compiled, "PARALLEL_MIN_GROUPS", 3)
+    monkeypatch.setenv("BRAZE_COMPILE_JOBS", "2")
+    parent = os.getpid()
+    render = cpu_mod.SplitRender.render
+
+    def child_fails(self, part):
+        if os.getpid() != parent:
+            raise RuntimeError("child broke")
+        return render(self, part)
+
+    monkeypatch.setattr(cpu_mod.SplitRender, "render", child_fails)
+    g = _chain_of_distinct_kernels(4)
+    xs = [np.ones(v.shape, np.float32) for v in g.inputs]
+    cg = CompiledGraph(g)
+    for got, want in zip(cg.run(xs), evaluate(g, xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_compile_jobs_setting(monkeypatch):
+    from compiler.codegen import compiled
+
+    monkeypatch.setenv("BRAZE_COMPILE_JOBS", "1")
+    assert compiled.parallel_parts() == 1
+    monkeypatch.setenv("BRAZE_COMPILE_JOBS", "two")
+    with pytest.raises(CompileError, match="BRAZE_COMPILE_JOBS"):
+        compiled.parallel_parts()
