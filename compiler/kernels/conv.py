@@ -39,9 +39,15 @@ def refusal(node) -> str | None:
 
 
 def pack_weight(w: np.ndarray) -> np.ndarray:
-    """W[co, ci, kh, kw] -> gemm panels of B[(kh, kw, ci), co]."""
-    co = w.shape[0]
-    return gemm.pack_b(np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1, co))
+    """W[co, ci, kh, kw] -> gemm panels of B[(kh, kw, ci), co] (gemm.pack_b's layout,
+    [panel][(kh, kw, ci)][NR], co zero-padded to whole panels), in one reordering copy."""
+    co, ci, kh, kw = w.shape
+    panels = -(-co // gemm.NR)
+    w = w.astype(np.float32, copy=False)
+    if panels * gemm.NR != co:
+        w = np.concatenate([w, np.zeros((panels * gemm.NR - co, ci, kh, kw), np.float32)])
+    packed = w.reshape(panels, gemm.NR, ci, kh, kw).transpose(0, 3, 4, 2, 1)
+    return np.ascontiguousarray(packed).reshape(panels, kh * kw * ci, gemm.NR)
 
 
 def pack_bias(bias: np.ndarray) -> np.ndarray:

@@ -155,12 +155,17 @@ F4_MIN_TILES = 32
 
 def pack_weight(w: np.ndarray, m: int = 2) -> np.ndarray:
     """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as alpha^2 sets of gemm panels of
-    U_k[ci, co], k = alpha a + b, one after another."""
+    U_k[ci, co], k = alpha a + b, one after another: [k][panel][ci][NR], co padded to
+    whole panels with zeros. One product by kron(G, G) (in float64, rounded once) and
+    one reordering copy."""
     t = TRANSFORMS[m]
-    g = t.G.astype(np.float32)
-    u = np.einsum("ai,ocij,bj->abco", g, w.astype(np.float32), g, optimize=True)
-    return np.concatenate([gemm.pack_b(u[a, b]).reshape(-1)  # u[a, b]: [ci, co]
-                           for a in range(t.alpha) for b in range(t.alpha)])
+    co, ci = w.shape[:2]
+    u = w.reshape(co * ci, 9).astype(np.float64) @ np.kron(t.G, t.G).T  # [(co, ci), k]
+    panels = -(-co // NR)
+    u = u.astype(np.float32).reshape(co, ci, -1)
+    if panels * NR != co:
+        u = np.concatenate([u, np.zeros((panels * NR - co, ci, u.shape[2]), np.float32)])
+    return np.ascontiguousarray(u.reshape(panels, NR, ci, -1).transpose(3, 0, 2, 1)).reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True)
