@@ -150,6 +150,12 @@ class _Specialization:
     clusters and executable."""
 
     def __init__(self, model, shapes: dict, values: dict, target: str, opts: Options):
+        from compiler import gc_paused
+
+        with gc_paused():
+            self._build(model, shapes, values, target, opts)
+
+    def _build(self, model, shapes: dict, values: dict, target: str, opts: Options):
         from importers.onnx import import_onnx
         from runtime.executable import build_executable
 

@@ -240,10 +240,12 @@ class GraphRunner:
         self._frozen_state = state
 
     def _compile(self, args):
+        from compiler import gc_paused
         from importers.fx import UnrepresentableGraph
 
         try:
-            return _Specialization(self, args)
+            with gc_paused():
+                return _Specialization(self, args)
         except UnrepresentableGraph as e:
             if self.opts.allow_fallback:  # a limit of braze's IR, not a failure: INFO
                 log.info("braze: graph %s runs on torch: %s", self.name, e)

@@ -83,6 +83,8 @@ def compile_graph(subgraph: Graph, target: str = "cpu", threads: int = 2, cache=
         from compiler.codegen.nvptx import DEFAULT_ARCH
 
         return compile_cuda(subgraph, arch=arch or DEFAULT_ARCH, cache=cache)
+    from compiler import gc_paused
     from compiler.codegen.compiled import CompiledGraph
 
-    return CompiledGraph(subgraph, threads=threads, cache=cache)
+    with gc_paused():
+        return CompiledGraph(subgraph, threads=threads, cache=cache)
