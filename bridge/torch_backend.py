@@ -31,6 +31,7 @@ import collections
 import functools
 import itertools
 import logging
+import operator
 import os
 import threading
 from dataclasses import dataclass, fields
@@ -172,6 +173,9 @@ def static_inputs() -> tuple[int, ...]:
     return tuple(getattr(meta, "static_input_indices", None) or ())
 
 
+_VERSION = operator.attrgetter("_version")
+
+
 class GraphRunner:
     """One aten graph: compiled per input signature at call time, eager on refusal."""
 
@@ -182,8 +186,9 @@ class GraphRunner:
         self.opts = opts
         self.dynamic = _is_dynamic(gm)
         self._specs: collections.OrderedDict = collections.OrderedDict()
-        self._frozen_state: list[tuple] | None = None
+        self._frozen_state = None  # the frozen weights' (data pointers, versions) last seen
         self._static_order = tuple(sorted(self.static))
+        self._dynamic_order: dict[int, tuple] = {}  # argument count -> non-static indices
         self._lock = threading.Lock()
 
     def __call__(self, *args):
@@ -203,12 +208,17 @@ class GraphRunner:
             return self.gm(*args)
 
     def _signature(self, args) -> tuple[tuple, str | None]:
-        key = []
-        static = self.static
-        for i, a in enumerate(args):
-            if i in static:  # a frozen weight: _check_frozen watches it (a model's hundreds)
-                key.append(None)
-            elif isinstance(a, torch.Tensor):
+        """The specialization key: each non-frozen input's shape and dtype (or value);
+        frozen weights (a model's hundreds) are left to _check_frozen, and not visited
+        here (per call, on cold caches, visiting them cost ~0.2 ms on ResNet-50)."""
+        n = len(args)
+        order = self._dynamic_order.get(n)
+        if order is None:
+            order = self._dynamic_order[n] = tuple(i for i in range(n) if i not in self.static)
+        key = [n]
+        for i in order:
+            a = args[i]
+            if isinstance(a, torch.Tensor):
                 if a.device.type != "cpu":
                     return (), f"input {i} is on {a.device}"
                 key.append((tuple(a.shape), a.dtype))
@@ -232,8 +242,13 @@ class GraphRunner:
         """Frozen weights changed since they were baked in: drop every specialization."""
         if not self.static:
             return
-        state = [(a.data_ptr(), a._version) for i in self._static_order
-                 if isinstance(a := args[i], torch.Tensor)]
+        weights = [args[i] for i in self._static_order]
+        if all(map(torch.is_tensor, weights)):  # maps over C functions: no Python frame each
+            state = (list(map(torch.Tensor.data_ptr, weights)),
+                     list(map(_VERSION, weights)))
+        else:
+            state = [(a.data_ptr(), a._version) if isinstance(a, torch.Tensor) else None
+                     for a in weights]
         if self._frozen_state is not None and state != self._frozen_state:
             log.info("braze: frozen weights of graph %s changed; compiling it again", self.name)
             self._specs.clear()

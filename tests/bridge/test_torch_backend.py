@@ -289,3 +289,17 @@ def test_mode_is_accepted():
     m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     x = torch.randn(2, 3)
     torch.testing.assert_close(torch.compile(m, backend="braze", mode="max-autotune")(x), m(x))
+
+
+def test_frozen_weights_replaced_or_reassigned_recompile():
+    """A weight swapped for a new tensor, or given new storage through .data (no version
+    bump), is seen too: the data pointers are part of what is checked."""
+    m = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).eval()
+    c = compiled(m)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        c(x)
+        m[0].weight.data = torch.randn(4, 4)
+        torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+        m[0].bias = nn.Parameter(torch.randn(4))
+        torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
