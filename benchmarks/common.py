@@ -11,8 +11,9 @@ For each case:
    becomes "n/a (reason)" and the benchmark goes on.
 2. warm-up: every runtime runs `warmup` untimed samples (`warmup * number` calls).
 3. rounds: in each round every runtime is timed once (`number` calls per sample, so
-   tiny graphs are above the timer's noise), round-robin and starting one runtime
-   later each round, so load drift on a shared machine hits all runtimes alike.
+   tiny graphs are above the timer's noise), in a seeded random order that changes
+   every round, so load drift on a shared machine hits all runtimes alike, and so does
+   whatever the runtime timed just before leaves behind.
    Before each sample the harness sleeps SETTLE_S: thread pools (OpenMP, onnxruntime)
    spin-wait for a while after a call, and on a machine with as many cores as threads
    the previous runtime's spinning threads would otherwise steal this runtime's cores,
@@ -35,6 +36,7 @@ import gc
 import json
 import os
 import platform
+import random
 import re
 import sys
 import time
@@ -52,9 +54,13 @@ RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
 # spin-waiting go to sleep. onnxruntime's pool keeps its cores for tens of milliseconds
 # after a call: measured on ResNet-50 (2 threads, braze timed right after onnxruntime,
 # no lead-in), braze took 61 ms after a 10 ms pause, 40 ms after 30 ms, and its
-# undisturbed 32 ms after 50 ms or more. The round-robin rotation does not spread this:
-# a runtime always follows the same neighbour in the cycle.
+# undisturbed 32 ms after 50 ms or more.
 SETTLE_S = 0.1
+# Each round times the runtimes in a fresh order (seeded: the same orders every run), so
+# no runtime always follows the same neighbour: a runtime's call right after another's
+# can be slower (caches, the neighbour's threads), and a fixed rotation charged that to
+# one runtime every round.
+ORDER_SEED = 0
 # A time budget never cuts a case below this many rounds: fewer samples make the
 # median and quartiles meaningless.
 MIN_ROUNDS = 3
@@ -280,11 +286,11 @@ def warm_up(fns: dict, results: dict, settings: Settings, case: str) -> None:
 def run_rounds(fns: dict, results: dict, settings: Settings, case: str) -> int:
     """Interleaved timed rounds; returns how many rounds ran."""
     names = list(fns)
+    order = random.Random(ORDER_SEED)
     t0 = time.perf_counter()
     done = 0
     for rnd in range(settings.rounds):
-        shift = rnd % max(len(names), 1)
-        for name in names[shift:] + names[:shift]:
+        for name in order.sample(names, len(names)):
             if name in fns:
                 time_one(name, fns, results, settings)
         done += 1

@@ -53,8 +53,11 @@ VERIFY_TWINS = os.environ.get("BRAZE_VERIFY_TWINS") == "1"
 class Renderer:
     """Builds the LLVM module of one cluster (`render() -> LLVM IR text`)."""
 
-    def __init__(self, graph: Graph, kplan, slots: dict[Value, int]):
+    def __init__(self, graph: Graph, kplan, slots: dict[Value, int], profile: bool = False):
         self.graph, self.plan, self.slots = graph, kplan, slots
+        # profile: the entry is `run_profiled(table, threads, stamps)`, which also writes
+        # the CPU's cycle counter before the first kernel and after each (stamps: i64[n+1])
+        self.profile = profile
         self.module = ir.Module(name=graph.name)
         self._local: dict = {}  # buffer -> index in the kernel being rendered's table
         self._unique: dict[str, tuple] = {}  # kernel text -> (function, outer, threaded?)
@@ -429,12 +432,21 @@ class Renderer:
             return ir.Function(self.module, ir.FunctionType(ret, args), name)
 
     def _entry(self, nests) -> None:
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I32]), "run")
-        bufs, threads = fn.args
+        args = [PTR, I32] + ([PTR] if self.profile else [])
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), args),
+                         "run_profiled" if self.profile else "run")
+        bufs, threads = fn.args[:2]
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         gomp = self._decl("GOMP_parallel", ir.VoidType(),
                           [PTR, PTR, I32, I32]) if llvm_cpu.libgomp() else None
-        for nest, outer, parallel, values in nests:
+
+        def stamp(j: int) -> None:
+            if self.profile:
+                now = b.call(self._decl("llvm.readcyclecounter", I64, []), [])
+                b.store(now, b.gep(fn.args[2], [i64(j)], source_etype=I64, inbounds=True))
+
+        stamp(0)
+        for j, (nest, outer, parallel, values) in enumerate(nests, start=1):
             table = self._table(b, bufs, values)
             if parallel and gomp is not None:
                 many = b.icmp_signed(">", threads, ir.Constant(I32, 1))
@@ -446,6 +458,7 @@ class Renderer:
                         b.call(nest, [table, i64(0), i64(outer)])
             else:
                 b.call(nest, [table, i64(0), i64(outer)])
+            stamp(j)
         b.ret_void()
 
     def _table(self, b: ir.IRBuilder, bufs, values: list):

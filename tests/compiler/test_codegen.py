@@ -332,3 +332,19 @@ def test_compile_jobs_setting(monkeypatch):
     monkeypatch.setenv("BRAZE_COMPILE_JOBS", "two")
     with pytest.raises(CompileError, match="BRAZE_COMPILE_JOBS"):
         compiled.parallel_parts()
+
+
+def test_profile_times_each_kernel_and_leaves_run_alone():
+    """profile(): one time per kernel, from a separately compiled copy that reads the
+    cycle counter between kernels; results and later runs are unchanged."""
+    g = _chain_of_distinct_kernels(3)
+    xs = [np.random.default_rng(i).standard_normal(v.shape).astype(np.float32)
+          for i, v in enumerate(g.inputs)]
+    cg = compile_graph(g)
+    before = cg.run(xs)
+    times = cg.profile(xs, rounds=3)
+    assert len(times) == len(cg.kernels) == 3 and all(t >= 0 for t in times)
+    assert 0 < sum(times) < 1.0
+    for a, b in zip(before, cg.run(xs)):
+        np.testing.assert_array_equal(a, b)
+    assert "run_profiled" not in cg.llvm_ir and "readcyclecounter" not in cg.llvm_ir
