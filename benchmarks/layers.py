@@ -1,0 +1,165 @@
+"""Per layer: what braze's conv kernels reach inside ResNet-50, against the FMA peak.
+
+    python -m benchmarks.layers [--batch 1] [--threads 2] [--rounds 20]
+
+ResNet-50 (benchmarks.resnet50's model, exported to ONNX) is compiled by
+`bridge.compile_onnx`; `CompiledGraph.profile` times every kernel of the one
+executable in place (a copy of its code that reads the cycle counter between
+kernels), so each layer sees the caches and memory traffic it has in the model.
+GFLOP/s count a direct convolution's 2 * multiply-adds (a Winograd layer does fewer
+multiplies, so it can pass the peak). The peak is measured here: an unrolled loop of
+independent AVX-512 FMAs (24 accumulators, no loads) on each thread at once.
+
+Prints one row per distinct conv shape (summed over its layers), furthest from the
+peak first, the non-conv kernels' total, and writes benchmarks/out/layers.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import common, runtimes
+from benchmarks.resnet50 import build_model, make_input
+
+PEAK_ITERS = 20_000_000
+ACCUMULATORS = 24
+
+
+def fma_peak_gflops(threads: int) -> float:
+    """GFLOP/s of `threads` threads each running ACCUMULATORS independent 16-wide
+    float32 FMA chains (what the micro-kernel's inner loop is made of)."""
+    from llvmlite import ir
+
+    from compiler.codegen import llvm_cpu
+    from compiler.kernels.gemm import F32, I64, V16, _fma, _i64, _phi_loop
+
+    module = ir.Module("peak")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fma = _fma(b)
+    x = b.load(fn.args[0], typ=V16, align=4)
+    y = b.load(b.gep(fn.args[0], [_i64(16)], source_etype=F32), typ=V16, align=4)
+    out = _phi_loop(b, PEAK_ITERS, [x] * ACCUMULATORS,
+                    lambda b, i, accs: [b.call(fma, [a, y, x]) for a in accs])
+    total = out[0]
+    for a in out[1:]:
+        total = b.fadd(total, a)
+    b.store(total, fn.args[0], align=4)
+    b.ret_void()
+    jit = llvm_cpu.JitModule(object_code=llvm_cpu.compile_ir(str(module)))
+    run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(jit.address("peak"))
+    bufs = [np.full(32, 0.5, np.float32) for _ in range(threads)]
+    run(bufs[0].ctypes.data)  # warm
+    workers = [threading.Thread(target=run, args=(a.ctypes.data,)) for a in bufs]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seconds = time.perf_counter() - start
+    return threads * PEAK_ITERS * ACCUMULATORS * 16 * 2 / seconds / 1e9
+
+
+def describe(node) -> tuple[str, int]:
+    """(a conv's shape and algorithm, its multiply-adds counted as a direct conv)."""
+    from compiler.kernels import winograd
+
+    x, w = node.inputs[0].shape, node.inputs[1].shape
+    y = node.outputs[0].shape
+    stride = node.attrs["strides"][0]
+    algo = (f"Winograd F({winograd.plan(node).m}x{winograd.plan(node).m})"
+            if winograd.refusal(node) is None else "direct")
+    label = (f"{w[2]}x{w[3]} s{stride} {x[3]}->{w[0]} @ {y[1]}x{y[2]} ({algo})")
+    return label, int(np.prod(y)) * int(np.prod(w[1:]))
+
+
+def profile_resnet(batch: int, threads: int, rounds: int) -> dict:
+    import bridge
+
+    model = build_model()
+    x = make_input(batch)
+    with tempfile.TemporaryDirectory(prefix="braze-layers-") as tmp:
+        path = runtimes.export_onnx(model, [x], Path(tmp) / "resnet50.onnx")
+        compiled = bridge.compile_onnx(str(path), threads=threads)
+        compiled(x)
+    spec = next(iter(compiled._specs.values()))
+    graphs = [cg for _, cg in spec.parts if cg is not None]
+    if len(graphs) != 1:
+        raise SystemExit(f"expected ResNet-50 as one compiled cluster, got {len(graphs)}")
+    cg = graphs[0]
+    cg.profile(cg_inputs(cg, x), rounds=3)  # compiles the profiling copy, warms up
+    times = cg.profile(cg_inputs(cg, x), rounds=rounds)
+    rows: dict[str, dict] = defaultdict(lambda: {"layers": 0, "seconds": 0.0, "macs": 0})
+    other = 0.0
+    for k, seconds in zip(cg.kernels, times):
+        node = k.contraction
+        if node is None or node.op != "conv":
+            other += seconds
+            continue
+        label, macs = describe(node)
+        row = rows[label]
+        row["layers"] += 1
+        row["seconds"] += seconds
+        row["macs"] += macs
+    return {"rows": dict(rows), "other_s": other, "total_s": float(sum(times)),
+            "kernels": len(cg.kernels)}
+
+
+def cg_inputs(cg, x: np.ndarray) -> list[np.ndarray]:
+    """The cluster's own inputs for the model input x (the importer keeps NCHW at the
+    edge; the layout pass transposes inside the cluster)."""
+    (v,) = cg.graph.inputs
+    if tuple(v.shape) != x.shape:
+        raise SystemExit(f"cluster input {v.shape} is not the model input {x.shape}")
+    return [x]
+
+
+def report(result: dict, peak: float, threads: int, batch: int) -> str:
+    lines = [f"ResNet-50 batch {batch}, {threads} threads: {result['kernels']} kernels, "
+             f"{result['total_s'] * 1e3:.1f} ms in kernels; FMA peak {peak:.0f} GFLOP/s "
+             f"({threads} threads)", "",
+             "| conv (kernel x kernel, stride, channels @ output) | layers | ms | GFLOP/s "
+             "| of peak |", "|---|---|---|---|---|"]
+    rows = sorted(result["rows"].items(),
+                  key=lambda kv: 2 * kv[1]["macs"] / kv[1]["seconds"])
+    for label, r in rows:
+        gflops = 2 * r["macs"] / r["seconds"] / 1e9
+        lines.append(f"| {label} | {r['layers']} | {r['seconds'] * 1e3:.2f} | {gflops:.0f} "
+                     f"| {gflops / peak:.0%} |")
+    lines.append(f"| pooling, layout, FC and the rest | | {result['other_s'] * 1e3:.2f} | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--threads", type=int, default=common.THREADS)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--out", type=Path, default=common.OUT_DIR)
+    args = p.parse_args(argv)
+    common.configure_threads(args.threads)
+    common.progress("measuring the FMA peak")
+    peak = fma_peak_gflops(args.threads)
+    common.progress(f"profiling ResNet-50 at batch {args.batch}")
+    result = profile_resnet(args.batch, args.threads, args.rounds)
+    print(report(result, peak, args.threads, args.batch))
+    args.out.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": "layers", "machine": common.machine_info(args.threads),
+               "batch": args.batch, "threads": args.threads, "peak_gflops": peak, **result}
+    path = args.out / f"layers_b{args.batch}.json"
+    path.write_text(json.dumps(payload, indent=1))
+    common.progress(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
