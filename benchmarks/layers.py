@@ -1,6 +1,6 @@
 """Per layer: what braze's conv kernels reach inside ResNet-50, against the FMA peak.
 
-    python -m benchmarks.layers [--batch 1] [--threads 2] [--rounds 20]
+    python -m benchmarks.layers [--batch 1] [--threads 2] [--rounds 20] [--update-results]
 
 ResNet-50 (benchmarks.resnet50's model, exported to ONNX) is compiled by
 `bridge.compile_onnx`; `CompiledGraph.profile` times every kernel of the one
@@ -145,13 +145,19 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=common.THREADS)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--out", type=Path, default=common.OUT_DIR)
+    p.add_argument("--update-results", action="store_true",
+                   help="rewrite the per-layer section of benchmarks/RESULTS.md")
     args = p.parse_args(argv)
     common.configure_threads(args.threads)
     common.progress("measuring the FMA peak")
     peak = fma_peak_gflops(args.threads)
     common.progress(f"profiling ResNet-50 at batch {args.batch}")
     result = profile_resnet(args.batch, args.threads, args.rounds)
-    print(report(result, peak, args.threads, args.batch))
+    table = report(result, peak, args.threads, args.batch)
+    print(table)
+    if args.update_results:
+        machine = common.machine_line(common.machine_info(args.threads))
+        common.replace_section(common.RESULTS_MD, "layers", f"Machine: {machine}.\n\n{table}")
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": "layers", "machine": common.machine_info(args.threads),
                "batch": args.batch, "threads": args.threads, "peak_gflops": peak, **result}

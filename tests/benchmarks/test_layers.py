@@ -1,0 +1,36 @@
+"""benchmarks/layers.py: the FMA peak probe and the per-layer table (the ResNet-50
+profile itself is the benchmark; here a small conv graph stands in for it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks import layers
+from compiler.codegen import compile_graph
+from compiler.text import parse_graph
+
+
+def test_peak_probe_counts_flops(monkeypatch):
+    monkeypatch.setattr(layers, "PEAK_ITERS", 100_000)
+    one = layers.fma_peak_gflops(1)
+    assert 1 < one < 1e4  # GFLOP/s of one core: a number, not a timer artefact
+
+
+def test_describe_names_shape_algorithm_and_counts_direct_macs():
+    w = np.ones((32, 16, 3, 3), np.float32)
+    g = parse_graph("""
+graph c(%x: f32[1,8,8,16]) -> (%y) {
+  %w = const() {value=@w} : f32[32,16,3,3]
+  %y = conv(%x, %w) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, layout="NHWC"} : f32[1,8,8,32]
+}
+""", {"w": w})
+    node = next(n for n in g.nodes if n.op == "conv")
+    label, macs = layers.describe(node)
+    assert label.startswith("3x3 s1 16->32 @ 8x8 (Winograd F(")
+    assert macs == 8 * 8 * 32 * 16 * 9
+    cg = compile_graph(g)
+    (seconds,) = cg.profile([np.ones((1, 8, 8, 16), np.float32)], rounds=2)
+    table = layers.report({"rows": {label: {"layers": 1, "seconds": seconds, "macs": macs}},
+                           "other_s": 0.0, "total_s": seconds, "kernels": 1},
+                          peak=100.0, threads=1, batch=1)
+    assert label in table and "of peak" in table
