@@ -1,5 +1,6 @@
 """Suite-wide options: slow and GPU tests are marked and skipped by default."""
 
+import os
 import shutil
 
 import pytest
@@ -36,6 +37,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    # the suite runs on as many xdist workers as cores: a compile forking a second
+    # process there only oversubscribes them (tests of the parallel compile set it)
+    os.environ.setdefault("BRAZE_COMPILE_JOBS", "1")
     # every kernel found a twin by its signature is rendered anyway and its code compared
     # (compiler/codegen/cpu.py: a signature that misses something fails loudly here)
     from compiler.codegen import cpu
