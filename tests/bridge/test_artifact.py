@@ -276,3 +276,30 @@ def test_cli_help(command, capsys):
         main([command, "--help"])
     assert e.value.code == 0
     assert "artifact" in capsys.readouterr().out
+
+
+def test_code_compiled_in_parallel_parts_saves_and_loads(tmp_path, monkeypatch):
+    """Object code made of two parts (a parallel compile) is saved and loaded whole."""
+    from compiler.codegen import compiled
+
+    monkeypatch.setattr(compiled, "PARALLEL_MIN_GROUPS", 2)
+    monkeypatch.setenv("BRAZE_COMPILE_JOBS", "2")
+    monkeypatch.setenv("BRAZE_CACHE_DIR", "off")
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 48)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((48, 40)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("MatMul", ["t", "w2"], ["u"]),
+             helper.make_node("Softmax", ["u"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "two_parts",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 40])],
+                          inits)
+    m = bridge.compile_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    want = m(x)[0]
+    (part,) = [cg for _, cg in m.saved_specializations()[0].parts if cg is not None]
+    assert len(llvm_cpu.split_objects(part.object_code)) == 2
+    m.save(tmp_path / "p.braze")
+    np.testing.assert_array_equal(bridge.load(tmp_path / "p.braze")(x)[0], want)
