@@ -17,9 +17,9 @@ For each case:
    Before each sample the harness sleeps SETTLE_S: thread pools (OpenMP, onnxruntime)
    spin-wait for a while after a call, and on a machine with as many cores as threads
    the previous runtime's spinning threads would otherwise steal this runtime's cores,
-   a cost no user running one runtime pays. Cases of short calls also set `lead_in`
-   untimed calls right before each sample, so this runtime's own pools are awake as
-   they would be in a loop of calls (for long calls waking them costs nothing to see).
+   a cost no user running one runtime pays. Cases also set `lead_in` untimed calls
+   right before each sample (kept up for at least LEAD_IN_S), so this runtime's own
+   pools are awake and the cores back to speed, as in a loop of calls.
    Rounds stop at `rounds`, or earlier once `budget_s` is spent (never under
    MIN_ROUNDS), at a round boundary so every runtime has as many samples.
 4. statistics: median and interquartile range (and min/max) per call.
@@ -56,6 +56,11 @@ RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
 # no lead-in), braze took 61 ms after a 10 ms pause, 40 ms after 30 ms, and its
 # undisturbed 32 ms after 50 ms or more.
 SETTLE_S = 0.1
+# The lead-in calls (Settings.lead_in) go on for at least this long: after SETTLE_S of
+# idling, this machine's cores take about a millisecond of work to come back to speed
+# (measured: a 120 us call took 400-500 us right after a 100 ms pause, and its second
+# thread's first call up to 7 ms), which a single short lead-in call does not cover.
+LEAD_IN_S = 0.02
 # Each round times the runtimes in a fresh order (seeded: the same orders every run), so
 # no runtime always follows the same neighbour: a runtime's call right after another's
 # can be slower (caches, the neighbour's threads), and a fixed rotation charged that to
@@ -185,6 +190,7 @@ class Settings:
     def to_dict(self) -> dict:
         return {"warmup": self.warmup, "rounds": self.rounds, "number": self.number,
                 "budget_s": self.budget_s, "lead_in": self.lead_in, "settle_s": SETTLE_S,
+                "lead_in_s": LEAD_IN_S,
                 "threads": THREADS}
 
 
@@ -309,8 +315,12 @@ def time_one(name: str, fns: dict, results: dict, settings: Settings) -> None:
     fn = fns[name]
     try:
         time.sleep(SETTLE_S)
-        for _ in range(settings.lead_in):
+        start = time.perf_counter()
+        calls = 0
+        while calls < settings.lead_in or (
+                calls and time.perf_counter() - start < LEAD_IN_S):
             fn()
+            calls += 1
         results[name].samples_ms.append(time_call(fn, settings.number))
     except Exception as exc:
         results[name].fail(describe_error(exc))
