@@ -28,11 +28,12 @@ from compiler import dtypes
 from compiler.codegen import llvm_cpu
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
-from compiler.codegen.ops_llvm import (I32, I64, binary_float, binary_int, llvm_type,
-                                       storage_type)
+from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
+                                       kernel_leaves, mul_add, reduce_init, store_element,
+                                       without)
+from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
 from compiler.ir import Graph, Value
 from compiler.kernels import conv, gemm, winograd
-from compiler.ops import Family
 from compiler.passes.fuse import Kernel
 
 PTR = ir.PointerType()
@@ -108,7 +109,7 @@ class Renderer:
     def _values(self, k: Kernel) -> list:
         """The buffers in a kernel's own table, in order: what it reads, its root, and
         its packed operands."""
-        return _leaves(k, self.slots) + [k.root] + [
+        return kernel_leaves(k, self.slots) + [k.root] + [
             (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
             if (PACKED, u) in self.slots]
 
@@ -119,7 +120,7 @@ class Renderer:
         fn.linkage = linkage
         bufs, lo, hi = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        ptrs = self._buffers(b, bufs, _leaves(k, self.slots) + [k.root])
+        ptrs = self._buffers(b, bufs, kernel_leaves(k, self.slots) + [k.root])
         root = k.root
         node = k.contraction
         outer, parallel = _extent(k)
@@ -128,20 +129,20 @@ class Renderer:
             a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
             after, before, regs = self._tile_hooks(ptrs, k)
-            _loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
+            counted_loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
                                                          ptrs[root], o, after, before, regs))
         elif node is not None and node.op == "conv":
             self._conv(b, bufs, ptrs, k, lo, hi)
         elif node is not None:
-            _loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
+            counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row":
-            _loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
-        elif _is_flat(k):
+            counted_loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
+        elif is_flat(k):
             work = root.type.size
-            _loop(b, lo, hi, lambda b, o: self._flat_block(b, ptrs, k, o, work))
+            counted_loop(b, lo, hi, lambda b, o: self._flat_block(b, ptrs, k, o, work))
         else:
             inner = root.shape[-1] if root.shape else 1
-            _loop(b, lo, hi, lambda b, o: self._row_of_loop(b, ptrs, k, o, inner))
+            counted_loop(b, lo, hi, lambda b, o: self._row_of_loop(b, ptrs, k, o, inner))
         b.ret_void()
         return fn, outer, parallel
 
@@ -158,10 +159,10 @@ class Renderer:
         end = b.select(b.icmp_signed("<", end, i64(size)), end, i64(size))
 
         def element(b, j):
-            em = ElementEmitter(b, _without(ptrs, k.root), flat=True)
-            _store(b, ptrs[k.root], k.root.dtype, j, em.at(k.root, [j]))
+            em = ElementEmitter(b, without(ptrs, k.root), flat=True)
+            store_element(b, ptrs[k.root], k.root.dtype, j, em.at(k.root, [j]))
 
-        _loop(b, start, end, element)
+        counted_loop(b, start, end, element)
 
     def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int) -> None:
         root = k.root
@@ -169,11 +170,11 @@ class Renderer:
         base = b.mul(o, i64(inner))
 
         def element(b, j):
-            em = ElementEmitter(b, _without(ptrs, root))
+            em = ElementEmitter(b, without(ptrs, root))
             idx = head + [j] if root.shape else []
-            _store(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
+            store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
-        _loop(b, i64(0), i64(inner), element)
+        counted_loop(b, i64(0), i64(inner), element)
 
     def _row_kernel(self, b, ptrs, k: Kernel, o) -> None:
         """One row: a pass per level of reductions, then the root's row."""
@@ -203,28 +204,28 @@ class Renderer:
                     acc.update(b, em.at(acc.node.inputs[0], idx), j)
                 rows.keep(b, em, idx, j)
 
-            _loop(b, i64(0), i64(n_red), step)
+            counted_loop(b, i64(0), i64(n_red), step)
             rows.end_pass()
             for acc in accs:
                 registers[acc.node.outputs[0]] = acc.result(b)
         root = k.root
         if root in registers:  # the root is a reduction: one element per row
-            _store(b, ptrs[root], root.dtype, o, registers[root])
+            store_element(b, ptrs[root], root.dtype, o, registers[root])
         elif root.shape == k.domain:  # a last pass writes the row
             def write(b, j):
-                em = ElementEmitter(b, _without(ptrs, root), registers)
+                em = ElementEmitter(b, without(ptrs, root), registers)
                 idx = full_index(b, j)
                 rows.seed(b, em, idx, j)
                 off = linear_index(b, idx, k.domain)
-                _store(b, ptrs[root], root.dtype, off, em.at(root, idx))
+                store_element(b, ptrs[root], root.dtype, off, em.at(root, idx))
 
-            _loop(b, i64(0), i64(n_red), write)
+            counted_loop(b, i64(0), i64(n_red), write)
         else:  # a row-shaped root (D_keep or D_nokeep, fuse.py): one element per row
             idx = list(kept_idx)
             if root.shape == k.row_shapes()[0] and len(root.shape) == len(k.domain):
                 idx = full_index(b, i64(0))
-            em = ElementEmitter(b, _without(ptrs, root), registers)
-            _store(b, ptrs[root], root.dtype, o, em.at(root, idx))
+            em = ElementEmitter(b, without(ptrs, root), registers)
+            store_element(b, ptrs[root], root.dtype, o, em.at(root, idx))
 
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,
@@ -242,7 +243,7 @@ class Renderer:
                 b.select(b.icmp_signed("<", left, i64(gemm.NR)), left, i64(gemm.NR))
             # a loop, not unrolled per row: the epilogue is cheap next to the tile, and one
             # copy of it keeps the kernel's code (and LLVM's compile time) small
-            _loop(b, row0, b.add(row0, i64(rows)),
+            counted_loop(b, row0, b.add(row0, i64(rows)),
                   lambda b, row: self._epilogue(b, ptrs, k, row, col0, cols))
 
         return after
@@ -259,12 +260,12 @@ class Renderer:
             shape = winograd.plan(node)
             zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
             epilogue, post = self._winograd_hooks(ptrs, k)
-            _loop(b, lo, hi, lambda b, o: winograd.emit_item(
+            counted_loop(b, lo, hi, lambda b, o: winograd.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, zeros, epilogue, post))
         else:
             shape = conv.ConvShape.of(node)
             after, before, regs = self._tile_hooks(ptrs, k)
-            _loop(b, lo, hi, lambda b, o: conv.emit_item(
+            counted_loop(b, lo, hi, lambda b, o: conv.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, after, before, regs))
 
     def _tile_hooks(self, ptrs, k: Kernel) -> tuple:
@@ -361,16 +362,16 @@ class Renderer:
         """root[row, col0:col0 + cols] = epilogue(contraction result there), in place: the
         contraction's value is read from the root's own buffer, where its tile now lies."""
         root, raw = k.root, k.contraction.outputs[0]
-        bufs = {**_without(ptrs, root), raw: ptrs[root]}
+        bufs = {**without(ptrs, root), raw: ptrs[root]}
         head = delinearize(b, row, root.shape[:-1])
         base = b.mul(row, i64(root.shape[-1]))
 
         def element(b, j):
             col = b.add(col0, j)
             value = ElementEmitter(b, bufs).at(root, head + [col])
-            _store(b, ptrs[root], root.dtype, b.add(base, col), value)
+            store_element(b, ptrs[root], root.dtype, b.add(base, col), value)
 
-        _loop(b, i64(0), cols, element)
+        counted_loop(b, i64(0), cols, element)
 
     def _matmul_row(self, b, ptrs, k: Kernel, o) -> None:
         """Row o of the output: out[o, :] = sum over p of a[o, p] * w[p, :], the inner
@@ -382,7 +383,7 @@ class Renderer:
         head = delinearize(b, o, root.shape[:-1])  # batch dims..., row
         base = b.mul(o, i64(n_cols))
         zero = scalar_constant(0, root.dtype)
-        _loop(b, i64(0), i64(n_cols), lambda b, j: _store(
+        counted_loop(b, i64(0), i64(n_cols), lambda b, j: store_element(
             b, ptrs[root], root.dtype, b.add(base, j), zero))
         em = ElementEmitter(b, ptrs)
 
@@ -395,11 +396,11 @@ class Renderer:
                 ptr = b.gep(ptrs[root], [b.add(base, j)], source_etype=llvm_type(root.dtype),
                             inbounds=True)
                 acc = b.load(ptr, typ=llvm_type(root.dtype))
-                b.store(_mul_add(b, root.dtype, acc, a_val, em.load(w, w_idx)), ptr)
+                b.store(mul_add(b, root.dtype, acc, a_val, em.load(w, w_idx)), ptr)
 
-            _loop(b, i64(0), i64(n_cols), col)
+            counted_loop(b, i64(0), i64(n_cols), col)
 
-        _loop(b, i64(0), i64(depth), depth_step)
+        counted_loop(b, i64(0), i64(depth), depth_step)
         if root is not k.contraction.outputs[0]:
             self._epilogue(b, ptrs, k, o, i64(0), i64(n_cols))
 
@@ -540,47 +541,6 @@ class SplitRender:
 
 # -- helpers ----------------------------------------------------------------------
 
-def _loop(b: ir.IRBuilder, lo, hi, body, step=None) -> None:
-    """for (i = lo; i < hi; i += step) body(b, i), step 1 by default (cuda.py strides by
-    the grid's size)"""
-    pre = b.block
-    cond = b.append_basic_block("loop.cond")
-    blk = b.append_basic_block("loop.body")
-    done = b.append_basic_block("loop.end")
-    b.branch(cond)
-    b.position_at_end(cond)
-    i = b.phi(I64)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), blk, done)
-    b.position_at_end(blk)
-    body(b, i)
-    i.add_incoming(b.add(i, i64(1) if step is None else step, flags=["nsw"]), b.block)
-    b.branch(cond)
-    b.position_at_end(done)
-
-
-def _mul_add(b: ir.IRBuilder, dtype: str, acc, x, y):
-    """acc + x * y (floats: contractable into one FMA)."""
-    if dtype not in dtypes.FLOATS:
-        return binary_int(b, "add", dtype, acc, binary_int(b, "mul", dtype, x, y))
-    prod = binary_float(b, "mul", x, y)
-    total = binary_float(b, "add", acc, prod)
-    prod.flags.append("contract")
-    total.flags.append("contract")
-    return total
-
-
-def _store(b: ir.IRBuilder, base, dtype: str, off, x) -> None:
-    ptr = b.gep(base, [off], source_etype=storage_type(dtype), inbounds=True)
-    if dtype == "bool":
-        x = b.zext(x, storage_type("bool"))
-    b.store(x, ptr)
-
-
-def _without(ptrs: dict, v: Value) -> dict:
-    return {u: p for u, p in ptrs.items() if u is not v}
-
-
 def _extent(k: Kernel) -> tuple[int, bool]:
     """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
     rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
@@ -598,7 +558,7 @@ def _extent(k: Kernel) -> tuple[int, bool]:
     elif k.kind == "row":
         outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
         work = int(np.prod(k.domain, dtype=np.int64))
-    elif _is_flat(k):
+    elif is_flat(k):
         work = root.type.size
         outer = -(-work // LOOP_BLOCK)
     else:
@@ -647,25 +607,6 @@ def _attr_key(a):
     if isinstance(a, dict):
         return tuple(sorted((key, _attr_key(x)) for key, x in a.items()))
     return (type(a).__name__, repr(a))
-
-
-def _leaves(k: Kernel, slots: dict) -> list[Value]:
-    """Values with a buffer that the kernel reads, in first-use order."""
-    leaves: dict[Value, None] = {}
-    for n in k.nodes:
-        for u in n.inputs:
-            if u in slots:
-                leaves[u] = None
-    return list(leaves)
-
-
-def _is_flat(k: Kernel) -> bool:
-    """An elementwise kernel whose operands all have the root's shape or one element:
-    every value is then read at the root's linear index (or at 0)."""
-    shape = k.root.shape
-    return all(n.opdef.family is Family.ELEMENTWISE and
-               all(u.shape == shape or u.type.size == 1 for u in n.inputs + n.outputs)
-               for n in k.nodes)
 
 
 # Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue):
@@ -747,61 +688,20 @@ class _Accumulator:
         with b.goto_entry_block():  # allocas in the entry block: promoted to registers
             self.acc = b.alloca(self.t)
             self.best = b.alloca(I64) if self.arg else None
-        b.store(_reduce_init(node.op, self.dtype), self.acc)
+        b.store(reduce_init(node.op, self.dtype), self.acc)
         if self.arg:
             b.store(i64(0), self.best)
 
     def update(self, b: ir.IRBuilder, val, j) -> None:
         cur = b.load(self.acc, typ=self.t)
         if self.arg:
-            take = _arg_take(b, self.node, val, cur, self.dtype)
+            take = arg_take(b, self.node, val, cur, self.dtype)
             b.store(b.select(take, val, cur), self.acc)
             b.store(b.select(take, j, b.load(self.best, typ=I64)), self.best)
         else:
-            b.store(_combine(b, self.node.op, self.dtype, cur, val), self.acc)
+            b.store(combine(b, self.node.op, self.dtype, cur, val), self.acc)
 
     def result(self, b: ir.IRBuilder):
         return b.load(self.best, typ=I64) if self.arg else b.load(self.acc, typ=self.t)
 
-
-def _reduce_init(op: str, dtype: str):
-    t = llvm_type(dtype)
-    is_f = dtype in dtypes.FLOATS
-    if op == "reduce_sum":
-        return ir.Constant(t, 0.0 if is_f else 0)
-    if op == "reduce_prod":
-        return ir.Constant(t, 1.0 if is_f else 1)
-    low = op in ("reduce_max", "argmax")
-    if is_f:
-        return ir.Constant(t, -np.inf if low else np.inf)
-    info = np.iinfo(dtypes.to_numpy(dtype))
-    return scalar_constant(info.min if low else info.max, dtype)
-
-
-_COMBINE = {"reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max",
-            "reduce_min": "min"}
-
-
-def _combine(b, op: str, dtype: str, acc, x):
-    base = _COMBINE[op]
-    if dtype in dtypes.FLOATS:
-        out = binary_float(b, base, acc, x)
-        if base in ("add", "mul"):
-            out.flags.append("reassoc")  # lets the vectorizer keep partial sums per lane
-        return out
-    return binary_int(b, base, dtype, acc, x)
-
-
-def _arg_take(b, node, val, cur, dtype: str):
-    """Whether element `val` replaces the best so far (numpy: first NaN wins, ties first)."""
-    last = node.attrs["select_last"]
-    is_max = node.op == "argmax"
-    pred = (">=" if last else ">") if is_max else ("<=" if last else "<")
-    if dtype in dtypes.FLOATS:
-        nan_new = b.fcmp_unordered("uno", val, val)  # numpy: the first (last) NaN wins
-        if not last:
-            nan_new = b.and_(nan_new, b.fcmp_ordered("ord", cur, cur))
-        return b.or_(b.fcmp_ordered(pred, val, cur), nan_new)
-    cmp = b.icmp_signed if dtype in dtypes.SIGNED else b.icmp_unsigned
-    return cmp(pred, val, cur)
 

@@ -32,8 +32,9 @@ from llvmlite import ir
 from compiler import __version__, dtypes
 from compiler.codegen import nvptx
 from compiler.codegen.compiled import arena_plan
-from compiler.codegen.cpu import (_arg_take, _combine, _is_flat, _leaves, _loop, _mul_add,
-                                  _reduce_init, _store, _without)
+from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
+                                      kernel_leaves, mul_add, reduce_init, store_element,
+                                      without)
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
 from compiler.codegen.ops_llvm import I64, llvm_type, needs_libm
@@ -164,7 +165,7 @@ class CudaRenderer:
         return str(self.module)
 
     def _kernel(self, index: int, k: Kernel) -> None:
-        values = list(dict.fromkeys(_leaves(k, self.slots) + [k.root]))
+        values = list(dict.fromkeys(kernel_leaves(k, self.slots) + [k.root]))
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * len(values)),
                          f"k{index}")
         fn.calling_convention = "ptx_kernel"
@@ -186,12 +187,12 @@ class CudaRenderer:
 
     def _loop(self, b: ir.IRBuilder, ptrs: dict, k: Kernel) -> tuple[int, int]:
         root = k.root
-        flat = _is_flat(k)
+        flat = is_flat(k)
 
         def element(b, j):
-            em = ElementEmitter(b, _without(ptrs, root), flat=flat)
+            em = ElementEmitter(b, without(ptrs, root), flat=flat)
             idx = [j] if flat else delinearize(b, j, root.shape)
-            _store(b, ptrs[root], root.dtype, j, em.at(root, idx))
+            store_element(b, ptrs[root], root.dtype, j, em.at(root, idx))
 
         tid, ntid = nvptx.sreg(b, "tid.x"), nvptx.sreg(b, "ntid.x")
         ctaid, nctaid = nvptx.sreg(b, "ctaid.x"), nvptx.sreg(b, "nctaid.x")
@@ -235,11 +236,11 @@ class CudaRenderer:
         """Write the root for row o: a last strided pass over the row, or (a reduction, or
         a row-shaped value: fuse.py) one element, by thread 0."""
         k, root = rows.kernel, rows.kernel.root
-        em_ptrs = _without(ptrs, root)
+        em_ptrs = without(ptrs, root)
         if root.shape == k.domain and root not in registers:
             def write(b, j):
                 idx = rows.index(b, kept, j)
-                _store(b, ptrs[root], root.dtype, linear_index(b, idx, k.domain),
+                store_element(b, ptrs[root], root.dtype, linear_index(b, idx, k.domain),
                        ElementEmitter(b, em_ptrs, registers).at(root, idx))
 
             _strided(b, tid, i64(rows.n_red), ntid, write)
@@ -252,7 +253,7 @@ class CudaRenderer:
                 if root.shape == k.row_shapes()[0] and len(root.shape) == len(k.domain):
                     idx = rows.index(b, kept, i64(0))
                 x = ElementEmitter(b, em_ptrs, registers).at(root, idx)
-            _store(b, ptrs[root], root.dtype, o, x)
+            store_element(b, ptrs[root], root.dtype, o, x)
 
     def _shared_arrays(self, node: Node, index: int, n: int) -> list:
         """Shared memory for one reduction's per-warp partials (and argmax's indices)."""
@@ -314,8 +315,8 @@ class _TiledMatmul:
         with b.if_then(b.and_(row_ok, col_ok)):
             idx = head + [row, col]
             raw = {self.node.outputs[0]: b.load(self.acc, typ=self.t)}
-            em = ElementEmitter(b, _without(self.ptrs, self.root), raw)
-            _store(b, self.ptrs[self.root], self.root.dtype,
+            em = ElementEmitter(b, without(self.ptrs, self.root), raw)
+            store_element(b, self.ptrs[self.root], self.root.dtype,
                    linear_index(b, idx, self.root.shape), em.at(self.root, idx))
 
     def _depth_step(self, b: ir.IRBuilder, kt, head, row, col, row_ok, col_ok) -> None:
@@ -332,7 +333,7 @@ class _TiledMatmul:
         for p in range(TILE):
             x = self._tile_at(b, self.a_tile, b.add(b.mul(self.ty, i64(TILE)), i64(p)))
             y = self._tile_at(b, self.w_tile, b.add(i64(p * TILE), self.tx))
-            s = _mul_add(b, self.root.dtype, s, x, y)
+            s = mul_add(b, self.root.dtype, s, x, y)
         b.store(s, self.acc)
         nvptx.barrier(b)  # every thread is done with the tiles before they are refilled
 
@@ -391,16 +392,16 @@ class _Partial:
         with b.goto_entry_block():  # allocas in the entry block: promoted to registers
             self.acc = b.alloca(self.t)
             self.best = b.alloca(I64) if self.arg else None
-        b.store(_reduce_init(self.op, self.dtype), self.acc)
+        b.store(reduce_init(self.op, self.dtype), self.acc)
         if self.arg:
             b.store(i64(-1) if self.last else tid, self.best)
 
     def update(self, b: ir.IRBuilder, val, j) -> None:
         cur = b.load(self.acc, typ=self.t)
         if not self.arg:
-            b.store(_combine(b, self.op, self.dtype, cur, val), self.acc)
+            b.store(combine(b, self.op, self.dtype, cur, val), self.acc)
             return
-        take = _arg_take(b, self.node, val, cur, self.dtype)
+        take = arg_take(b, self.node, val, cur, self.dtype)
         b.store(b.select(take, val, cur), self.acc)
         b.store(b.select(take, j, b.load(self.best, typ=I64)), self.best)
 
@@ -410,12 +411,12 @@ class _Partial:
 
     def identity(self) -> list:
         """The partial of a thread that saw nothing."""
-        init = [_reduce_init(self.op, self.dtype)]
+        init = [reduce_init(self.op, self.dtype)]
         return init + [i64(-1 if self.last else np.iinfo(np.int64).max)] if self.arg else init
 
     def combine(self, b: ir.IRBuilder, mine: list, other: list) -> list:
         if not self.arg:
-            return [_combine(b, self.op, self.dtype, mine[0], other[0])]
+            return [combine(b, self.op, self.dtype, mine[0], other[0])]
         (v1, i1), (v2, i2) = mine, other
         pred = ">" if self.op == "argmax" else "<"
         prefer = b.icmp_signed(">" if self.last else "<", i2, i1)  # ties: by index
@@ -460,7 +461,7 @@ def _block_reduce(b: ir.IRBuilder, part: _Partial, arrays: list, tid, ntid):
 
 def _strided(b: ir.IRBuilder, start, end, step, body) -> None:
     """for (i = start; i < end; i += step) body(b, i): the CPU renderer's loop"""
-    _loop(b, start, end, body, step)
+    counted_loop(b, start, end, body, step)
 
 
 def _grid(blocks: int) -> int:
