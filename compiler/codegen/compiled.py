@@ -139,12 +139,12 @@ class CompiledGraph:
         key = cache_key(self.graph) if cache is not None else None
         obj = cache.get(key) if key is not None else None
         if obj is None:
-            obj = self._compile_uncached(key)
+            obj = self._render_and_compile(key)
             if key is not None:
                 cache.put(key, obj)
         return obj
 
-    def _compile_uncached(self, key: str | None) -> bytes:
+    def _render_and_compile(self, key: str | None) -> bytes:
         """Render and compile: in PARALLEL_PARTS modules at once when the cluster has
         enough distinct kernels (cpu.SplitRender, llvm_cpu.compile_parts), else one."""
         parts = parallel_parts()
@@ -386,7 +386,6 @@ def parallel_parts() -> int:
 
 def _compile_uncached(llvm_ir: str) -> bytes:
     try:
-        module = llvm_cpu.optimize(llvm_ir)
+        return llvm_cpu.compile_ir(llvm_ir)
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected braze's IR: {e}") from None
-    return llvm_cpu.emit_object(module)

@@ -83,8 +83,7 @@ class Renderer:
         was most of braze's compile time, and half of ResNet-50's kernels are twins);
         with `verify_twins` set, twins are rendered anyway and their text compared.
         """
-        values = self._values(k)
-        self._local = {v: i for i, v in enumerate(values)}
+        values = self._enter(k)
         sig = _signature(k, self._local)
         twin = self._by_signature.get(sig) if sig is not None else None
         if twin is not None and not self.verify_twins:
@@ -105,6 +104,13 @@ class Renderer:
         if sig is not None:
             self._by_signature.setdefault(sig, (fn, outer, parallel))
         return fn, outer, parallel, values
+
+    def _enter(self, k: Kernel) -> list:
+        """Make `k` the kernel being rendered (its table indices in `_local`); returns
+        its table's values."""
+        values = self._values(k)
+        self._local = {v: i for i, v in enumerate(values)}
+        return values
 
     def _values(self, k: Kernel) -> list:
         """The buffers in a kernel's own table, in order: what it reads, its root, and
@@ -129,8 +135,8 @@ class Renderer:
             a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
             after, before, regs = self._tile_hooks(ptrs, k)
-            counted_loop(b, lo, hi, lambda b, o: gemm.emit_item(b, shape, ptrs[a], packed,
-                                                         ptrs[root], o, after, before, regs))
+            counted_loop(b, lo, hi, lambda b, o: gemm.emit_item(
+                b, shape, ptrs[a], packed, ptrs[root], o, after, before, regs))
         elif node is not None and node.op == "conv":
             self._conv(b, bufs, ptrs, k, lo, hi)
         elif node is not None:
@@ -244,7 +250,7 @@ class Renderer:
             # a loop, not unrolled per row: the epilogue is cheap next to the tile, and one
             # copy of it keeps the kernel's code (and LLVM's compile time) small
             counted_loop(b, row0, b.add(row0, i64(rows)),
-                  lambda b, row: self._epilogue(b, ptrs, k, row, col0, cols))
+                         lambda b, row: self._epilogue(b, ptrs, k, row, col0, cols))
 
         return after
 
@@ -489,7 +495,8 @@ class SplitRender:
         self.first: list[int] = []  # group -> its first kernel's index
         seen: dict[tuple, int] = {}
         for i, k in enumerate(kplan.kernels):
-            sig = _signature(k, {v: j for j, v in enumerate(probe._values(k))})
+            probe._enter(k)
+            sig = _signature(k, probe._local)
             g = seen.get(sig) if sig is not None else None
             if g is None:
                 g = len(self.first)
@@ -527,9 +534,8 @@ class SplitRender:
         for g, i in enumerate(self.first):
             name = f"{self.tag}.k{g}"
             if self.owner[g] == part:
-                k = kernels[i]
-                r._local = {v: j for j, v in enumerate(r._values(k))}
-                fns[g] = r._nest(r.module, name, k, linkage="external")[0]
+                r._enter(kernels[i])
+                fns[g] = r._nest(r.module, name, kernels[i], linkage="external")[0]
             elif part == 0:
                 fns[g] = ir.Function(r.module, ir.FunctionType(ir.VoidType(),
                                                                [PTR, I64, I64]), name)
@@ -639,8 +645,7 @@ def _operand_vector(b, u: Value, root: Value, ptrs: dict, off, col):
     channel `col`), per `_operand_kind`."""
     kind = _operand_kind(u, root, ptrs)
     if kind == "scalar":
-        return ir.Constant(gemm.V16, [float(u.producer.attrs["value"].reshape(-1)[0])]
-                           * gemm.VEC)
+        return gemm.splat_constant(b, u.producer.attrs["value"].reshape(-1)[0])
     ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
                 inbounds=True)
     return b.load(ptr, typ=gemm.V16, align=4)

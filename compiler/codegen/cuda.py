@@ -241,7 +241,7 @@ class CudaRenderer:
             def write(b, j):
                 idx = rows.index(b, kept, j)
                 store_element(b, ptrs[root], root.dtype, linear_index(b, idx, k.domain),
-                       ElementEmitter(b, em_ptrs, registers).at(root, idx))
+                              ElementEmitter(b, em_ptrs, registers).at(root, idx))
 
             _strided(b, tid, i64(rows.n_red), ntid, write)
             return
@@ -317,7 +317,7 @@ class _TiledMatmul:
             raw = {self.node.outputs[0]: b.load(self.acc, typ=self.t)}
             em = ElementEmitter(b, without(self.ptrs, self.root), raw)
             store_element(b, self.ptrs[self.root], self.root.dtype,
-                   linear_index(b, idx, self.root.shape), em.at(self.root, idx))
+                          linear_index(b, idx, self.root.shape), em.at(self.root, idx))
 
     def _depth_step(self, b: ir.IRBuilder, kt, head, row, col, row_ok, col_ok) -> None:
         """acc += a[row, kt*TILE : +TILE] . w[kt*TILE : +TILE, col], through the tiles."""

@@ -91,9 +91,11 @@ class ConvShape:
                 and self.dilations == (1, 1) and self.cin < 16)
 
     @property
-    def pointwise(self) -> bool:
-        """A 1x1 conv: each output pixel reads one input pixel's Cin channels."""
-        return self.kh == self.kw == 1
+    def copies_rows(self) -> bool:
+        """A 1x1 conv (each output pixel reads one input pixel's Cin channels) whose
+        pixels are a multiple of 4 KiB apart: its tiles read their rows from a padded
+        copy, made once per row block (gemm.packed_rows), so tiles go row-block-major."""
+        return self.kh == self.kw == 1 and gemm.aliasing(self.cin * self.strides[1] * 4)
 
     @property
     def m(self) -> int:
@@ -144,19 +146,15 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         if before is not None:
             before(b, rows, row0, panel)
         pix = [_pixel(b, s, b.add(row0, _i64(r))) for r in range(rows)]
-        if s.pointwise and rows > 1 and gemm.aliasing(s.cin * s.strides[1] * 4):
-            # a 1x1 conv's rows are pixels: copied where their stride aliases in L1
-            ptrs = gemm.packed_rows(b, rows, s.cin, row0, [
+        copied = None
+        if s.copies_rows and rows > 1:  # a 1x1 conv's rows are pixels, read from a copy
+            copied = gemm.packed_rows(b, rows, s.cin, row0, [
                 _input_row(b, s, x_ptr, zeros, n, y0, x0, _i64(0), _i64(0))
                 for n, y0, x0 in pix])
-            vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), 1, s.cin,
-                                   lambda b, kk: ptrs)
-            gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
-            if after is not None:
-                after(b, rows, row0, panel)
-            return
 
         def row_ptrs(b, kk):
+            if copied is not None:  # pointwise: kk is 0
+                return copied
             if wide:  # kk is kh: the window row's KW * Cin elements are contiguous
                 return [_wide_row(b, s, x_ptr, n, y0, x0, kk) for n, y0, x0 in pix]
             dy = b.mul(b.udiv(kk, _i64(s.kw)), _i64(s.dilations[0]))
@@ -170,8 +168,8 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         if after is not None:
             after(b, rows, row0, panel)
 
-    gemm.for_each_tile(b, s.m, s.cout, item, tile, gemm.row_major(s.k, s.cout, s.m) or
-                       (s.pointwise and gemm.aliasing(s.cin * s.strides[1] * 4)))
+    gemm.for_each_tile(b, s.m, s.cout, item, tile,
+                       gemm.row_major(s.k, s.cout, s.m) or s.copies_rows)
 
 
 def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:

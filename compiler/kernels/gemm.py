@@ -106,6 +106,21 @@ def splat(b: ir.IRBuilder, x):
                             ir.Constant(ir.VectorType(I32, VEC), None))
 
 
+def splat_constant(b: ir.IRBuilder, value: float):
+    """A 16-float vector of the constant `value`, made once per function, in its entry
+    block: a literal vector constant is 16 numbers of IR text at every use, and rendering
+    that text was a large part of compile time (LLVM folds the splat back to a constant)."""
+    fn = b.function
+    cache = getattr(fn, "braze_splats", None)
+    if cache is None:
+        cache = fn.braze_splats = {}  # the float32's bytes (-0.0 and NaN kept apart)
+    key = np.float32(value).tobytes()
+    if key not in cache:
+        with b.goto_entry_block():
+            cache[key] = splat(b, ir.Constant(F32, float(value)))
+    return cache[key]
+
+
 # A's rows are copied to a scratch with rows this many floats longer (one cache line)
 # when their stride is a multiple of ALIAS_BYTES: the micro-kernel reads one element of
 # each of its up to MR rows per step, and rows 4 KiB apart all fall in the same L1 set
@@ -159,12 +174,14 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
     """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`; before,
     `before(b, rows, row0, panel)`, and after, `after(...)`, if given (prefetches for
     the tile; an epilogue over the tile just stored)."""
+    copies = aliasing(shape.k * 4)
+
     def tile(b, rows, row0, panel):
         if before is not None:
             before(b, rows, row0, panel)
         ptrs = [b.gep(a_ptr, [b.mul(b.add(row0, _i64(r)), _i64(shape.k))],
                       source_etype=F32, inbounds=True) for r in range(rows)]
-        if rows > 1 and aliasing(shape.k * 4):
+        if copies and rows > 1:
             ptrs = packed_rows(b, rows, shape.k, row0, ptrs)
 
         def row_ptrs(b, kk):
@@ -177,7 +194,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
             after(b, rows, row0, panel)
 
     for_each_tile(b, shape.m, shape.n, item, tile,
-                  row_major(shape.k, shape.n, shape.m) or aliasing(shape.k * 4))
+                  row_major(shape.k, shape.n, shape.m) or copies)
 
 
 def tile_rows(m: int) -> int:

@@ -119,11 +119,17 @@ def refusal(node) -> str | None:
         return "not a 3x3 stride-1 undilated conv"
     if cin % VEC or cout % NR:
         return f"channels {cin} -> {cout}: Winograd needs multiples of {VEC} in, {NR} out"
-    if 16 * MIN_ROWS * cin * 4 > SCRATCH_BYTES:
+    if not _patches_fit(4, cin):
         return f"{cin} input channels: the transformed patches would not fit the scratch"
     if min(oh, ow) < MIN_SIDE:
         return f"{oh}x{ow} output: too few 2x2 tiles"
     return None
+
+
+def _patches_fit(alpha: int, cin: int) -> bool:
+    """Whether MIN_ROWS tiles' transformed patches (alpha^2 x Cin floats each) fit the
+    scratch."""
+    return alpha * alpha * MIN_ROWS * cin * 4 <= SCRATCH_BYTES
 
 
 def plan(node) -> WinogradShape:
@@ -142,7 +148,7 @@ def tile_size(s: ConvShape) -> int:
     there are enough tiles to reuse a large one."""
     t4 = s.n * -(-s.oh // 4) * -(-s.ow // 4)
     u4 = 36 * s.cin * s.cout * 4
-    if 36 * MIN_ROWS * s.cin * 4 > SCRATCH_BYTES:  # too few tiles' patches fit the scratch
+    if not _patches_fit(6, s.cin):
         return 2
     return 4 if u4 <= F4_SMALL_WEIGHT_BYTES or t4 >= F4_MIN_TILES else 2
 
@@ -223,16 +229,11 @@ def _i64(n: int) -> ir.Constant:
 
 
 class _VectorOps:
-    """`Transform.bt`/`at`'s operations on 16-float vectors. A coefficient's splat is
-    made once per kernel, in its entry block (a literal vector constant is 16 numbers
-    of IR text at every use, and rendering that text dominated compile time)."""
+    """`Transform.bt`/`at`'s operations on 16-float vectors (coefficients as splats made
+    once per kernel: gemm.splat_constant)."""
 
     def __init__(self, b: ir.IRBuilder):
         self.b, self.fma = b, gemm._fma(b)
-        fn = b.function
-        if not hasattr(fn, "braze_splats"):
-            fn.braze_splats = {}  # coefficient -> its splat in this kernel's entry block
-        self.splats = fn.braze_splats
 
     def add(self, x, y):
         return self.b.fadd(x, y)
@@ -241,11 +242,7 @@ class _VectorOps:
         return self.b.fsub(x, y)
 
     def axpy(self, c, x, y):
-        v = self.splats.get(c)
-        if v is None:
-            with self.b.goto_entry_block():
-                v = self.splats[c] = gemm.splat(self.b, ir.Constant(F32, float(c)))
-        return self.b.call(self.fma, [v, x, y])
+        return self.b.call(self.fma, [gemm.splat_constant(self.b, c), x, y])
 
 
 def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_ptr, item,

@@ -119,56 +119,54 @@ graph p(%x: f32[2,9,8,20]) -> (%y) {{
     np.testing.assert_allclose(y, want.permute(0, 2, 3, 1).numpy(), rtol=1e-6, atol=1e-6)
 
 
+def _residual_block(x_shape, w: np.ndarray, pads):
+    """conv(x, w) + skip, then ReLU: a ResNet block's tail, NHWC, stride 1."""
+    dims = lambda s: ",".join(map(str, s))  # noqa: E731
+    y_shape = (x_shape[0], x_shape[1] + pads[0] + pads[2] - w.shape[2] + 1,
+               x_shape[2] + pads[1] + pads[3] - w.shape[3] + 1, w.shape[0])
+    return parse_graph(f"""
+graph block(%x: f32[{dims(x_shape)}], %skip: f32[{dims(y_shape)}]) -> (%y) {{
+  %w = const() {{value=@w}} : f32[{dims(w.shape)}]
+  %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]
+  %c = conv(%x, %w) {{strides=[1, 1], pads={list(pads)}, dilations=[1, 1], group=1, layout="NHWC"}} : f32[{dims(y_shape)}]
+  %s = add(%c, %skip) : f32[{dims(y_shape)}]
+  %y = max(%s, %zero) : f32[{dims(y_shape)}]
+}}
+""", {"w": w}), y_shape
+
+
+def _check_residual_block(cg, rng, x_shape, y_shape, w, pads):
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    skip = rng.standard_normal(y_shape).astype(np.float32)
+    y, = cg.run([x, skip])
+    want = np.maximum(_torch_conv(x, w, None, (1, 1), pads, (1, 1)) + skip, 0)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 def test_bias_residual_and_relu_run_in_the_conv_kernel():
     """A ResNet block's tail, conv + residual add + ReLU, is one kernel: the epilogue runs
     on each tile in cache, and the raw conv result never gets a buffer."""
     rng = np.random.default_rng(3)
     w = rng.standard_normal((40, 6, 3, 3)).astype(np.float32)
-    g = parse_graph("""
-graph block(%x: f32[1,5,5,6], %skip: f32[1,5,5,40]) -> (%y) {
-  %w = const() {value=@w} : f32[40,6,3,3]
-  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
-  %c = conv(%x, %w) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, layout="NHWC"} : f32[1,5,5,40]
-  %s = add(%c, %skip) : f32[1,5,5,40]
-  %y = max(%s, %zero) : f32[1,5,5,40]
-}
-""", {"w": w})
+    g, y_shape = _residual_block((1, 5, 5, 6), w, (1, 1, 1, 1))
     cg = compile_graph(g)
     assert [k.kind for k in cg.kernels] == ["contraction"]
     assert [n.op for n in cg.kernels[0].nodes] == ["conv", "add", "max"]
-    x = rng.standard_normal((1, 5, 5, 6)).astype(np.float32)
-    skip = rng.standard_normal((1, 5, 5, 40)).astype(np.float32)
-    y, = cg.run([x, skip])
-    want = np.maximum(_torch_conv(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1)) + skip, 0)
-    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    _check_residual_block(cg, rng, (1, 5, 5, 6), y_shape, w, (1, 1, 1, 1))
 
 
 def test_register_epilogue_and_row_major_tiles():
     """Residual add + ReLU on whole panels run on the accumulator vectors (no in-place
     pass after the store), and a small weight takes row-block-major tiles."""
-    from compiler.kernels import gemm
-
     rng = np.random.default_rng(4)
     w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
-    g = parse_graph("""
-graph block(%x: f32[1,6,6,16], %skip: f32[1,6,6,64]) -> (%y) {
-  %w = const() {value=@w} : f32[64,16,1,1]
-  %zero = const() {value=dense<f32[]: [0.0]>} : f32[]
-  %c = conv(%x, %w) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1, layout="NHWC"} : f32[1,6,6,64]
-  %s = add(%c, %skip) : f32[1,6,6,64]
-  %y = max(%s, %zero) : f32[1,6,6,64]
-}
-""", {"w": w})
+    g, y_shape = _residual_block((1, 6, 6, 16), w, (0, 0, 0, 0))
     cg = compile_graph(g)
     assert "llvm.maximum.v16f32" in cg.llvm_ir and "llvm.prefetch" in cg.llvm_ir
     assert gemm.row_major(16, 64, 36) and not gemm.row_major(4608, 512, 49)
     # a 1 MB weight: panel-major when A fits in L2 (batch 1), rows when it does not
     assert not gemm.row_major(1024, 256, 196) and gemm.row_major(1024, 256, 1568)
-    x = rng.standard_normal((1, 6, 6, 16)).astype(np.float32)
-    skip = rng.standard_normal((1, 6, 6, 64)).astype(np.float32)
-    y, = cg.run([x, skip])
-    want = np.maximum(_torch_conv(x, w, None, (1, 1), (0, 0, 0, 0), (1, 1)) + skip, 0)
-    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    _check_residual_block(cg, rng, (1, 6, 6, 16), y_shape, w, (0, 0, 0, 0))
 
 
 @pytest.mark.parametrize("m,rtol", [(2, 2e-6), (4, 2e-5)])
