@@ -1,0 +1,58 @@
+"""benchmarks/zoo.py: the model list, BN calibration and the table (the models' timings
+are the benchmark; here small stand-ins check the harness's arithmetic)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import zoo, zoo_models
+
+
+def test_model_list_covers_every_family_with_unique_names():
+    models = zoo_models.all_models()
+    names = [m.name for m in models]
+    assert len(names) == len(set(names))
+    assert {m.family for m in models} == {"conv", "transformer", "recurrent"}
+    assert "inception_v3" in names and "lstm" in names
+
+
+def test_calibrated_batchnorm_has_data_statistics():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    net[0].bias.data.fill_(5.0)  # the conv's outputs have mean near 5, not 0
+    zoo_models.calibrate_batchnorm(net, 16)
+    assert not net.training
+    assert torch.all(net[1].running_mean > 3.0)
+
+
+def test_fp32_noise_is_small_and_positive():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                              torch.nn.Linear(64, 8)).eval()
+    x = np.random.default_rng(0).standard_normal((2, 64), dtype=np.float32)
+    noise = zoo.fp32_noise(net, [x])
+    assert 0 < noise < 1e-5
+
+
+def _result(name, stock, median, err=1e-7, compile_s=1.0):
+    return {"runtime": name, "stock": stock, "status": "ok", "median_ms": median,
+            "max_rel_err": err, "compile_s": compile_s, "reason": None}
+
+
+def test_table_ratios_are_to_the_fastest_stock_runtime():
+    case = {"case": "m", "fp32_noise": 1e-7, "results": [
+        _result("torch eager", True, 10.0), _result("onnxruntime", True, 4.0),
+        _result("openvino", True, 5.0), _result("braze (torch.compile)", False, 3.0),
+        _result("braze (compile_onnx)", False, 2.0)]}
+    row = zoo.model_row(case)
+    assert row[1] == "2.00 (0.50x)" and row[2] == "3.00 (0.75x)"
+    line = zoo.geomean_line([case, dict(case, case="n")])
+    assert "braze (compile_onnx): 0.50x over 2 models" in line
+
+
+@pytest.mark.parametrize("argv", [["--list"]])
+def test_list_names_models(argv, capsys):
+    zoo.main(argv)
+    assert "mobilenet_v2 (conv)" in capsys.readouterr().out
