@@ -1,4 +1,4 @@
-"""The `braze` command line: optimize, explain, compile and run ONNX models.
+"""The `braze` command line: optimize, explain, compile, run and bench ONNX models.
 
 Every command turns a braze error into one clear line on stderr and exit
 status 1 (2 for bad usage, as argparse does); `--debug` shows the traceback.
@@ -91,6 +91,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="fail instead of running any node on onnxruntime")
     p.add_argument("--threads", type=int, default=None,
                    help="threads (default 2; for an artifact, the threads it was compiled for)")
+    _add_common(p)
+
+    p = sub.add_parser("bench", help="time braze against onnxruntime (and OpenVINO) on a model",
+                       description="Compile the model with braze and time it against "
+                       "onnxruntime (and OpenVINO when installed) in this process, with the "
+                       "same threads, on seeded random inputs: interleaved rounds after a "
+                       "warm-up, median and interquartile range per call. Prints a table and "
+                       "whether braze is faster than the fastest other runtime.")
+    p.add_argument("input", help="the ONNX model")
+    p.add_argument("--threads", type=int, default=2, help="threads for every runtime (default 2)")
+    p.add_argument("--rounds", type=int, default=20, help="timed rounds at most (default 20)")
+    p.add_argument("--budget", type=float, default=30.0,
+                   help="seconds of timed rounds at most (default 30)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls each (default 3)")
+    _add_shapes(p)
     _add_common(p)
     return ap
 

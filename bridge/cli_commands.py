@@ -298,3 +298,15 @@ def _declared_shapes(model) -> dict:
     return {i.name: tuple(d.dim_value if d.HasField("dim_value") else 1
                           for d in i.type.tensor_type.shape.dim)
             for i in model.graph.input if i.name not in initializers}
+
+
+def cmd_bench(args) -> int:
+    from bridge.bench import bench
+    from bridge.cli import parse_shapes
+    from importers.onnx import load_model
+
+    model = load_model(args.input)
+    shapes = concrete_shapes(model, parse_shapes(args.shape))
+    feeds = random_inputs(model, shapes)
+    print(bench(str(args.input), feeds, args.threads, args.rounds, args.budget, args.warmup))
+    return 0

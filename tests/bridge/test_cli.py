@@ -126,7 +126,31 @@ def test_run_reports_missing_and_extra_inputs(tmp_path, capsys):
 
 
 def test_help_for_every_command():
-    for cmd in ["optimize", "explain", "run"]:
+    for cmd in ["optimize", "explain", "compile", "run", "bench"]:
         r = subprocess.run([sys.executable, "-m", "bridge.cli", cmd, "--help"],
                            capture_output=True, text=True)
         assert r.returncode == 0 and "usage: braze" in r.stdout
+
+
+def test_bench_times_braze_against_onnxruntime(tmp_path, capsys, monkeypatch):
+    from bridge import bench
+
+    monkeypatch.setattr(bench, "SETTLE_S", 0.0)
+    src = tmp_path / "m.onnx"
+    onnx.save(_bn_model(), src)
+    assert main(["bench", str(src), "--rounds", "3", "--budget", "0", "--warmup", "1",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in out.splitlines()
+             if len(line.split()) == 6}  # the table's rows
+    assert lines["onnxruntime"][3] == "1.00x"
+    braze = lines["braze"]
+    assert float(braze[1]) > 0 and braze[3].endswith("x") and float(braze[5]) < 1e-4
+    assert "nodes compiled by braze" in out and "3 rounds" in out
+
+
+def test_bench_refuses_bad_threads(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_bn_model(), src)
+    assert main(["bench", str(src), "--threads", "0"]) == 1
+    assert "threads" in capsys.readouterr().err
