@@ -103,6 +103,8 @@ def _as_array(spec: InputSpec, value) -> np.ndarray:
 
 def check_input(spec: InputSpec, value):
     """The input as an array of the declared dtype and rank (InputError otherwise)."""
+    if isinstance(value, np.ndarray) and value.shape == spec.dims and value.dtype == spec.dtype:
+        return value  # the common call, checked in one comparison: static dims, right dtype
     if spec.dims is None:
         return value  # sequences, optionals: onnxruntime checks them
     if not isinstance(value, np.ndarray):
