@@ -98,8 +98,8 @@ def load(path, threads: int | None = None) -> LoadedModel:
     version, or compiled for another CPU. Runs no code from the file but the compiled
     kernels it holds, and never compiles (no LLVM).
     """
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise BrazeError(f"threads must be a positive integer, got {threads!r}")
+    if threads is not None:
+        _options({"threads": threads})  # checked before the file is read
     reader = ArtifactReader(path)
     try:
         return LoadedModel(reader, threads)
@@ -122,8 +122,12 @@ class LoadedModel:
         self.input_specs = [InputSpec.from_json(d) for d in model["inputs"]]
         self.input_names = [s.name for s in self.input_specs]
         self.output_names = [str(n) for n in model["outputs"]]
-        self.threads = threads or int(model["options"]["threads"])
-        self.allow_fallback = bool(model["options"]["allow_fallback"])
+        saved = model["options"]
+        try:
+            opts = _options({**saved, **({} if threads is None else {"threads": threads})})
+        except BrazeError as e:
+            reader.fail(f"malformed manifest: options {saved!r}: {e}")
+        self.threads, self.allow_fallback = opts.threads, bool(opts.allow_fallback)
         self._specs = [_LoadedSpecialization(reader, d, self.threads)
                        for d in m["specializations"]]
         if not self._specs:
@@ -179,6 +183,13 @@ class _LoadedSpecialization:
         self.host_steps = kinds.count("host")
         self.executable = load_executable(d["executable"], reader,
                                           lambda st: _load_step(reader, st, threads, opset))
+
+
+def _options(options: dict):
+    """compile_onnx's options, checked as compile_onnx checks them (threads' bounds)."""
+    from bridge.onnx_api import Options
+
+    return Options.from_kwargs(options)
 
 
 def _load_step(reader: ArtifactReader, st: dict, threads: int, opset: int):

@@ -35,6 +35,9 @@ log = logging.getLogger("braze")
 MAX_SPECIALIZATIONS = 16
 
 TARGETS = ("cpu", "cuda")
+# Each thread is an OS thread (onnxruntime's pool, braze's kernels): a count beyond
+# any machine's cores is a typo that would start that many threads.
+MAX_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,10 @@ class Options:
             raise BrazeError(f"unknown option(s) {', '.join(unknown)}; "
                              f"known options: {', '.join(sorted(known))}")
         opts = cls(**options)
-        if not isinstance(opts.threads, int) or opts.threads < 1:
-            raise BrazeError(f"threads must be a positive integer, got {opts.threads!r}")
+        if (not isinstance(opts.threads, int) or isinstance(opts.threads, bool)
+                or not 1 <= opts.threads <= MAX_THREADS):
+            raise BrazeError(f"threads must be a positive integer up to {MAX_THREADS}, "
+                             f"got {opts.threads!r}")
         return opts
 
 

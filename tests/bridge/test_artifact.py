@@ -20,6 +20,7 @@ import bridge
 from bridge import ArtifactError, BrazeError, InputError
 from bridge.cli import main
 from compiler.codegen import llvm_cpu
+from runtime.artifact import FORMAT_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(0)
@@ -177,8 +178,10 @@ _FEATURES = llvm_cpu.host()[2]
 
 # (case, manifest edit or entry edit, words the message must contain)
 BAD_MANIFESTS = [
-    ("format_newer", _set("format_version", 2), ["format version 2", "newer"]),
-    ("format_older", _set("format_version", 0), ["format version 0", "older"]),
+    ("format_newer", _set("format_version", FORMAT_VERSION + 1),
+     [f"format version {FORMAT_VERSION + 1}", "newer"]),
+    ("format_older", _set("format_version", FORMAT_VERSION - 1),
+     [f"format version {FORMAT_VERSION - 1}", "older"]),
     ("not_braze", _set("format", "something-else"), ["not a braze artifact"]),
     ("braze_version", _set("braze_version", "0.0.1"), ["braze 0.0.1", "this is braze"]),
     ("triple", _set("target", "triple", "sparc-sun-solaris"), ["sparc-sun-solaris"]),
@@ -213,7 +216,9 @@ def test_damaged_files(saved, tmp_path):
     no_manifest = tmp_path / "nomanifest.braze"
     with zipfile.ZipFile(no_manifest, "w") as zf:
         zf.writestr("hello.txt", "hi")
-    swapped = _rewrite(path, tmp_path / "swapped.braze", entry=("step0.ir", lambda d: d + b" "))
+    swapped = _rewrite(path, tmp_path / "swapped.braze",
+                       entry=("step0.ir", lambda d: d[:-1] + bytes([d[-1] ^ 1])))
+    longer = _rewrite(path, tmp_path / "longer.braze", entry=("step0.ir", lambda d: d + b" "))
     cases = [
         (tmp_path / "missing.braze", "no such file"),
         (tmp_path, "is a directory"),
@@ -222,6 +227,7 @@ def test_damaged_files(saved, tmp_path):
         (no_manifest, "no manifest.json"),
         (flipped, "corrupted"),
         (swapped, "does not match its checksum"),
+        (longer, "step0.ir' holds .* bytes, its manifest says"),
     ]
     for bad, words in cases:
         with pytest.raises(ArtifactError, match=words):
