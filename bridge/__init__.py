@@ -16,6 +16,7 @@ from compiler.errors import (
     InputError,
     InvalidModelError,
     ModelLoadError,
+    TargetError,
     UnsupportedModelError,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidModelError",
     "LoadedModel",
     "ModelLoadError",
+    "TargetError",
     "UnsupportedModelError",
     "compile_onnx",
     "load",

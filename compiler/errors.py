@@ -32,3 +32,7 @@ class InputError(BrazeError):
 
 class ArtifactError(BrazeError):
     """A saved artifact cannot be loaded (version, CPU, corruption)."""
+
+
+class TargetError(BrazeError):
+    """An unknown compile target: its spelling, LLVM triple, CPU name or a feature."""
