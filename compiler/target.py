@@ -137,11 +137,19 @@ class Target:
 
     def key(self) -> tuple[str, ...]:
         """What compiled code depends on (the compile cache's key holds it)."""
-        return (self.triple, self.cpu, self.features)
+        return (self.triple, self.cpu, self.features, str(self.l1d_bytes), str(self.l2_bytes))
 
     def to_json(self) -> dict:
         return {"spec": self.spec, "triple": self.triple, "cpu": self.cpu,
-                "features": self.features, "requires": list(self.requires)}
+                "features": self.features, "isa": sorted(self.isa),
+                "requires": list(self.requires), "l1d_bytes": self.l1d_bytes,
+                "l2_bytes": self.l2_bytes}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Target:
+        """The Target `to_json` wrote (no LLVM runs: an artifact's loader uses it)."""
+        return cls(str(d["spec"]), str(d["triple"]), str(d["cpu"]), str(d["features"]),
+                   frozenset(map(str, d["isa"])), int(d["l1d_bytes"]), int(d["l2_bytes"]))
 
 
 def kind(spec) -> str:
@@ -291,8 +299,8 @@ def _llvm_complaints(triple: str, cpu: str, features: str, probe: bool) -> str:
                                   arch_of(triple) in _PROBES else "")
         mod.triple = triple
         tm.emit_assembly(mod)  # the subtarget (and its warnings) is made on first use
-    return " ".join(line.strip() for line in read().splitlines()
-                    if "not a recognized" in line)
+    return " ".join(dict.fromkeys(line.strip() for line in read().splitlines()
+                                  if "not a recognized" in line))
 
 
 @contextlib.contextmanager
