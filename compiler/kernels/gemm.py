@@ -309,10 +309,15 @@ def for_range(b: ir.IRBuilder, trip: int, body) -> None:
     _phi_loop(b, trip, [], lambda b, i, vals: body(b, i) or [])
 
 
-def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body) -> list:
+# The micro-kernel's K loop block is named so (the assembly's comments keep the name:
+# compiler/codegen/asm.py finds the loop by it to count spills there).
+K_LOOP = "microkernel.k"
+
+
+def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body, name: str = "gemm.loop") -> list:
     """vals = init; for i in range(trip): vals = body(b, i, vals); return vals (trip >= 1)."""
     pre = b.block
-    loop = b.append_basic_block("gemm.loop")
+    loop = b.append_basic_block(name)
     done = b.append_basic_block("gemm.done")
     b.branch(loop)
     b.position_at_end(loop)
@@ -352,7 +357,8 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
 
     def outer(b, kk, accs):
         ptrs = row_ptrs(b, kk)
-        return _phi_loop(b, k_inner, accs, lambda b, c, accs: inner(b, c, accs, ptrs, kk))
+        return _phi_loop(b, k_inner, accs, lambda b, c, accs: inner(b, c, accs, ptrs, kk),
+                         name=K_LOOP)
 
     zeros = [ir.Constant(t.vtype, None)] * (rows * t.nv)
     if k_outer == 1:
