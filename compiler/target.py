@@ -152,6 +152,14 @@ class Target:
                    frozenset(map(str, d["isa"])), int(d["l1d_bytes"]), int(d["l2_bytes"]))
 
 
+def spec_of(cpu: str | None = None, triple: str | None = None) -> str:
+    """The spec string for a CPU name (with any ",+f,-f" features) and a triple, as the CLI's
+    --cpu and --triple give them; "cpu" (the host) when neither is given."""
+    if cpu is None and triple is None:
+        return HOST
+    return f"cpu:{cpu or 'generic'}" + (f"@{triple}" if triple else "")
+
+
 def kind(spec) -> str:
     """"cpu" or "cuda": the codegen a target spec (string or Target) selects."""
     if isinstance(spec, Target):
