@@ -36,8 +36,6 @@ log = logging.getLogger("braze")
 # ever-changing shapes recompiles rather than growing without bound.
 MAX_SPECIALIZATIONS = 16
 
-TARGETS = ("cpu", "cuda")
-
 
 @dataclass(frozen=True)
 class Options:
