@@ -17,6 +17,7 @@ from compiler.errors import (
     InputError,
     InvalidModelError,
     ModelLoadError,
+    TargetError,
     UnsupportedModelError,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidModelError",
     "LoadedModel",
     "ModelLoadError",
+    "TargetError",
     "UnsupportedModelError",
     "compile_onnx",
     "load",

@@ -20,6 +20,8 @@ import numpy as np
 from bridge.inputs import bind_inputs, check_input, input_spec
 from compiler.errors import BrazeError, CompileError, InputError
 from compiler.ir import Graph
+from compiler.target import kind as target_kind
+from compiler.target import parse as parse_target
 from compiler.passes.cluster import (
     Cluster,
     describe_partition,
@@ -34,7 +36,6 @@ log = logging.getLogger("braze")
 # ever-changing shapes recompiles rather than growing without bound.
 MAX_SPECIALIZATIONS = 16
 
-TARGETS = ("cpu", "cuda")
 # Each thread is an OS thread (onnxruntime's pool, braze's kernels): a count beyond
 # any machine's cores is a typo that would start that many threads.
 MAX_THREADS = 256
@@ -196,9 +197,9 @@ class CompiledOnnxModel:
         from importers.onnx import load_model
         from importers.onnx_load import check_versions
 
-        if target not in TARGETS:
-            raise BrazeError(f"unknown target {target!r}; braze compiles for {', '.join(TARGETS)}")
-        if target == "cuda":
+        if target_kind(target) == "cpu":  # TargetError for an unknown spec, CPU or feature
+            parse_target(target)
+        elif target == "cuda":
             from runtime.cuda import require_device
 
             require_device()  # BrazeError: no CUDA device was found
@@ -275,7 +276,7 @@ class CompiledOnnxModel:
         model's declared static shapes."""
         from bridge.artifact import save_model
 
-        if self.target != "cpu":
+        if target_kind(self.target) != "cpu":
             raise BrazeError(f"artifacts hold CPU code; saving a model compiled for "
                              f"{self.target!r} is not supported (braze compile --target cuda "
                              "--emit ptx writes its PTX)")

@@ -63,3 +63,7 @@ def _mixed_class(base: type) -> type:
                     {"__module__": __name__, "__doc__": HostOpError.__doc__})
     except TypeError:  # incompatible instance layouts (e.g. OSError's)
         return HostOpError
+
+
+class TargetError(BrazeError):
+    """An unknown compile target: its spelling, LLVM triple, CPU name or a feature."""

@@ -46,7 +46,8 @@ from runtime.executable import Executable, Step
 FORMAT = "braze-artifact"
 # Bump on any change a reader of the previous layout would misread; readers accept
 # exactly their own version (compiled code is tied to one braze anyway).
-FORMAT_VERSION = 2  # 2: `entries` gives each entry's size beside its sha256
+FORMAT_VERSION = 3  # 2: `entries` gives each entry's size beside its sha256;
+# 3: the target names its spec, vector features and requirements
 MANIFEST = "manifest.json"
 # A manifest describes steps and names entries; the largest braze writes (hundreds of
 # specializations of a big model) stay far below this.
@@ -64,12 +65,13 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _SHOWN_FEATURES = 6  # differing CPU features named in an error, at most
 
 
-def target_info() -> dict:
-    """This machine as a compile target: the LLVM triple, CPU name and feature string."""
-    from compiler.codegen import llvm_cpu
+def target_info(target=None) -> dict:
+    """A compile target (compiler/target.py; default: this machine) as manifest data: its
+    spec, LLVM triple, CPU name, feature string, vector features, the features its code
+    requires and its cache sizes."""
+    from compiler import target as targets
 
-    triple, cpu, features = llvm_cpu.host()
-    return {"triple": triple, "cpu": cpu, "features": features}
+    return targets.parse(target or targets.HOST).to_json()
 
 
 def looks_like_artifact(path) -> bool:
@@ -116,11 +118,12 @@ class ArtifactWriter:
                 self.object_tensors.append(name)
         return name
 
-    def write(self, path, manifest: dict) -> None:
-        """Write the zip at `path`; `manifest` gets the format, versions, target, checksums."""
+    def write(self, path, manifest: dict, target=None) -> None:
+        """Write the zip at `path`; `manifest` gets the format, versions, the target its
+        code is for (default: this machine), checksums."""
         path = Path(path)
         head = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                "braze_version": __version__, "target": target_info()}
+                "braze_version": __version__, "target": target_info(target)}
         body = {**head, **manifest, "object_tensors": sorted(self.object_tensors),
                 "entries": {n: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
                             for n, d in self.entries.items()}}
@@ -280,6 +283,8 @@ class ArtifactReader:
         if not isinstance(saved, dict):
             self.fail("malformed manifest: no target")
         again = "; compile the model again on this machine"
+        if saved.get("spec", "cpu") != "cpu":  # compiled for a named CPU
+            return self._check_requirements(saved, here, again)
         if saved.get("triple") != here["triple"]:
             self.fail(f"compiled for {saved.get('triple')}, this machine is {here['triple']}"
                       + again)
@@ -290,6 +295,20 @@ class ArtifactReader:
         if saved.get("features") != here["features"]:
             self.fail(f"compiled for CPU {here['cpu']!r} with other features than this "
                       f"machine's{features}" + again)
+
+    def _check_requirements(self, saved: dict, here: dict, again: str) -> None:
+        """Code for a named CPU runs on any machine of its architecture that has every
+        feature it requires."""
+        from compiler.target import arch_of
+
+        arch, here_arch = arch_of(str(saved.get("triple"))), arch_of(here["triple"])
+        if arch != here_arch:
+            self.fail(f"compiled for {saved.get('spec')} ({saved.get('triple')}), this "
+                      f"machine is {here['triple']}" + again)
+        missing = sorted(set(saved.get("requires") or []) - set(here["requires"]))
+        if missing:
+            self.fail(f"compiled for {saved.get('spec')}, whose features this machine "
+                      f"({here['cpu']}) lacks: {_few(missing)}" + again)
 
     # -- entries ------------------------------------------------------------
 

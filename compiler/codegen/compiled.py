@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from compiler import __version__, dtypes
+from compiler import target as targets
 from compiler.codegen import llvm_cpu
 from compiler.codegen.cpu import PACKED, Renderer, SplitRender
 from compiler.errors import CompileError, InputError
@@ -89,21 +90,28 @@ class CompiledGraph:
 
     Introspection: `kernels` (fuse.Kernel: root value and the nodes it
     computes), `plan` (the FusionPlan, with reasons), `llvm_ir` (text of the
-    rendered module; None when built from saved object code), `object_code` (host
-    machine code, cacheable), `arena_bytes` (intermediate memory per calling thread).
+    rendered module; None when built from saved object code), `object_code` (machine
+    code for `target`, cacheable), `arena_bytes` (intermediate memory per calling thread).
+
+    `target` (compiler/target.py: a Target or its spec, default the host) is the CPU the
+    code is for; code for a CPU this machine cannot run (another architecture, missing
+    features) is compiled but not loaded: `object_code` and `llvm_ir` are there, `run`
+    refuses.
     """
 
     def __init__(self, graph: Graph, threads: int = 2, cache=None,
-                 object_code: bytes | None = None):
+                 object_code: bytes | None = None, target=targets.HOST):
         self.graph = graph
+        self.target = targets.parse(target)
+        self.tile = gemm.Tile.of(self.target)
         self.set_threads(threads)
         self.plan = plan(graph)
         self.kernels = self.plan.kernels
         self._inputs = list(graph.inputs)
         self._outputs = list(dict.fromkeys(v for v in graph.outputs
                                            if v in self.plan.materialized))
-        packed = packed_operands(self.kernels)
-        unpacked = read_unpacked(graph)
+        packed = packed_operands(self.kernels, self.tile)
+        unpacked = read_unpacked(graph, self.tile)
         consts = [n.outputs[0] for n in graph.nodes if n.op == "const"
                   and n.attrs["value"].size != 1 and n.outputs[0] in unpacked]
         self._inter = [k.root for k in self.kernels if k.root not in self._outputs]
@@ -120,15 +128,19 @@ class CompiledGraph:
             object_code = self._compile(cache)
         # else saved code (an artifact): the plans above are recomputed, LLVM is not run
         self.object_code = object_code
+        self._local = threading.local()
+        self.missing = self.target.missing_here()  # what this machine lacks to run it
+        if self.missing:
+            self._jit = self._fn = None
+            return
         self._jit = llvm_cpu.JitModule(object_code=self.object_code)  # keeps code alive
         self._fn = _RUN(self._jit.address("run"))
-        self._local = threading.local()
 
     @property
     def llvm_ir(self) -> str:
         """The rendered LLVM module (rendered on demand when the code came from a cache)."""
         if self._llvm_ir is None:
-            self._llvm_ir = Renderer(self.graph, self.plan, self.slots).render()
+            self._llvm_ir = Renderer(self.graph, self.plan, self.slots, self.target).render()
         return self._llvm_ir
 
     def _compile(self, cache) -> bytes:
@@ -136,7 +148,7 @@ class CompiledGraph:
         rendered and compiled. The key is the graph's text, not the LLVM IR's: a hit
         costs no rendering (kernels read constants through pointers, so the code does
         not depend on large constants' values, which the text names but does not hold)."""
-        key = cache_key(self.graph) if cache is not None else None
+        key = cache_key(self.graph, self.target) if cache is not None else None
         obj = cache.get(key) if key is not None else None
         if obj is None:
             obj = self._render_and_compile(key)
@@ -150,19 +162,25 @@ class CompiledGraph:
         parts = parallel_parts()
         if parts > 1:
             tag = f"braze.{(key or hashlib.sha256(print_graph(self.graph).encode()).hexdigest())[:16]}"
-            split = SplitRender(self.graph, self.plan, self.slots, tag, parts)
+            split = SplitRender(self.graph, self.plan, self.slots, self.target, tag, parts)
             if split.groups >= PARALLEL_MIN_GROUPS:
                 try:
-                    return llvm_cpu.compile_parts(split.render, parts)
+                    return llvm_cpu.compile_parts(split.render, parts, self.target)
                 except RuntimeError as e:
                     raise CompileError(f"LLVM rejected braze's IR: {e}") from None
-        return _compile_uncached(self.llvm_ir)
+        return _compile_uncached(self.llvm_ir, self.target)
 
     @classmethod
-    def from_object_code(cls, graph: Graph, object_code: bytes, threads: int = 2):
+    def from_object_code(cls, graph: Graph, object_code: bytes, threads: int = 2,
+                         target=targets.HOST):
         """The CompiledGraph whose code `object_code` is (saved from one built for this
-        same graph by this same braze), loaded without rendering or compiling."""
-        return cls(graph, threads=threads, object_code=object_code)
+        same graph and target by this same braze), loaded without rendering or compiling."""
+        return cls(graph, threads=threads, object_code=object_code, target=target)
+
+    def _refuse_to_run(self) -> None:
+        raise CompileError(f"this code is for {self.target.describe()}; this machine lacks "
+                           f"{', '.join(self.missing)}: it can be saved or inspected "
+                           "(object_code, llvm_ir), not run here")
 
     def set_threads(self, threads: int) -> None:
         """Threads for big kernels (small ones run on the calling thread)."""
@@ -187,6 +205,8 @@ class CompiledGraph:
         return t
 
     def run(self, arrays: list) -> list[np.ndarray]:
+        if self._fn is None:
+            self._refuse_to_run()
         state = self._local.__dict__.get("state") or self._thread_state()
         t, pools, address = state
         if len(arrays) != len(self._inputs):
@@ -214,10 +234,13 @@ class CompiledGraph:
         """Seconds per kernel (in `kernels` order): the median over `rounds` calls of a
         copy of this code that reads the CPU's cycle counter between kernels (compiled
         on first use, never cached), scaled to wall-clock time over each whole call."""
+        if self._fn is None:
+            self._refuse_to_run()
         prof = getattr(self, "_profiled", None)
         if prof is None:
-            text = Renderer(self.graph, self.plan, self.slots, profile=True).render()
-            jit = llvm_cpu.JitModule(object_code=_compile_uncached(text))
+            text = Renderer(self.graph, self.plan, self.slots, self.target,
+                            profile=True).render()
+            jit = llvm_cpu.JitModule(object_code=_compile_uncached(text, self.target))
             fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32,
                                   ctypes.c_void_p)(jit.address("run_profiled"))
             prof = self._profiled = (jit, fn)
@@ -292,20 +315,22 @@ class OutputPool:
         return block
 
 
-def packers(node) -> dict:
+def packers(node, tile: gemm.Tile) -> dict:
     """Input position -> how that constant input is packed for braze's kernel of `node`
-    (empty when the node runs on a kernel reading its inputs as they are)."""
+    with the target's register `tile` (empty when the node runs on a kernel reading its
+    inputs as they are)."""
+    bias = functools.partial(conv.pack_bias, tile=tile)
     if node.op == "matmul" and gemm.refusal(node) is None:
-        return {1: gemm.pack_b}
-    if node.op == "conv" and winograd.refusal(node) is None:
-        m = winograd.plan(node).m
-        return {1: lambda w: winograd.pack_weight(w, m), 2: conv.pack_bias}
+        return {1: functools.partial(gemm.pack_b, tile=tile)}
+    if node.op == "conv" and winograd.refusal(node, tile) is None:
+        m = winograd.plan(node, tile).m
+        return {1: lambda w: winograd.pack_weight(w, m, tile), 2: bias}
     if node.op == "conv" and conv.refusal(node) is None:
-        return {1: conv.pack_weight, 2: conv.pack_bias}
+        return {1: functools.partial(conv.pack_weight, tile=tile), 2: bias}
     return {}
 
 
-def packed_operands(kernels) -> dict:
+def packed_operands(kernels, tile: gemm.Tile) -> dict:
     """(PACKED, constant) -> its packed array, for the kernels that read packed operands
     (packing happens here, once, at compile time)."""
     out = {}
@@ -313,19 +338,19 @@ def packed_operands(kernels) -> dict:
         node = k.contraction
         if node is None:
             continue
-        for i, pack in packers(node).items():
+        for i, pack in packers(node, tile).items():
             if i < len(node.inputs):
                 v = node.inputs[i]
                 out.setdefault((PACKED, v), pack(np.asarray(v.producer.attrs["value"])))
     return out
 
 
-def read_unpacked(graph: Graph) -> set[Value]:
+def read_unpacked(graph: Graph, tile: gemm.Tile) -> set[Value]:
     """The values some node reads other than as a packed operand, and the graph outputs
     (one pass: each node's packers are asked once)."""
     out = set(graph.outputs)
     for n in graph.nodes:
-        packed = packers(n)
+        packed = packers(n, tile)
         out.update(u for i, u in enumerate(n.inputs) if i not in packed)
     return out
 
@@ -353,11 +378,12 @@ _read_address = _struct_address_reader()
 _address = _interface_address if _read_address is None else _read_address
 
 
-def cache_key(graph: Graph) -> str:
-    """The compile cache's key for a cluster: its IR text, the host CPU, braze's version
-    and a fingerprint of the compiler's own source (a changed codegen never reuses code)."""
+def cache_key(graph: Graph, target: targets.Target) -> str:
+    """The compile cache's key for a cluster: its IR text, the target CPU (triple, name,
+    features), braze's version and a fingerprint of the compiler's own source (a changed
+    codegen never reuses code)."""
     text = print_graph(graph)
-    parts = [text, *llvm_cpu.host(), __version__, compiler_fingerprint()]
+    parts = [text, *target.key(), __version__, compiler_fingerprint()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -384,8 +410,8 @@ def parallel_parts() -> int:
                       if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def _compile_uncached(llvm_ir: str) -> bytes:
+def _compile_uncached(llvm_ir: str, target: targets.Target) -> bytes:
     try:
-        return llvm_cpu.compile_ir(llvm_ir)
+        return llvm_cpu.compile_ir(llvm_ir, target)
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected braze's IR: {e}") from None

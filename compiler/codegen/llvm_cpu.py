@@ -1,9 +1,10 @@
-"""The host CPU as an LLVM target: initialization, the target machine, compiling a module.
+"""CPUs as LLVM targets: the target machine, compiling a module, loading object code.
 
 Render (an llvmlite.ir.Module), compile (optimize at -O3 with the new pass
-manager for the host's CPU name and features, AVX-512 included), and load (an
-MCJIT engine, kept alive as long as any function pointer from it is used) are
-separate steps, so compiled object code can also be cached and reloaded.
+manager for a compiler/target.py Target: the host's CPU name and features by
+default, or another CPU's), and load (an MCJIT engine on this machine, kept alive
+as long as any function pointer from it is used) are separate steps, so compiled
+object code can also be cached, reloaded, or written for a CPU that is not this one.
 
 Threads: kernels split their outer loops with GNU OpenMP's `GOMP_parallel`
 (libgomp, loaded once): a warm team launches in microseconds, with no Python
@@ -25,6 +26,9 @@ from typing import Callable
 
 import llvmlite.binding as llvm
 
+from compiler import target as targets
+from compiler.target import Target
+
 log = logging.getLogger("braze")
 _lock = threading.Lock()
 
@@ -33,6 +37,7 @@ _lock = threading.Lock()
 def _init() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    targets.init()
 
 
 @functools.cache
@@ -51,30 +56,18 @@ def libgomp() -> bool:
 
 
 @functools.cache
-def host() -> tuple[str, str, str]:
-    """(triple, CPU name, feature string) of this machine."""
+def target_machine(target: Target | None = None) -> llvm.TargetMachine:
+    """The shared target machine of `target` (default: the host) for optimizing and
+    emitting (never given to an engine)."""
     _init()
-    return (llvm.get_process_triple(), llvm.get_host_cpu_name(),
-            llvm.get_host_cpu_features().flatten())
+    return targets.target_machine(target or targets.host())
 
 
-@functools.cache
-def target_machine() -> llvm.TargetMachine:
-    """The shared target machine for optimizing and emitting (never given to an engine)."""
-    return _new_target_machine()
-
-
-def _new_target_machine() -> llvm.TargetMachine:
-    triple, cpu, features = host()
-    target = llvm.Target.from_triple(triple)
-    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="default",
-                                        codemodel="large")
-
-
-def optimize(module_text: str) -> llvm.ModuleRef:
-    """Parse and optimize LLVM IR for the host at -O3 (loop and SLP vectorizers on)."""
+def optimize(module_text: str, target: Target | None = None) -> llvm.ModuleRef:
+    """Parse and optimize LLVM IR for `target` (default: the host) at -O3 (loop and SLP
+    vectorizers on: they widen to the target's vectors)."""
     _init()
-    tm = target_machine()
+    tm = target_machine(target)
     mod = llvm.parse_assembly(module_text)
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
@@ -97,7 +90,7 @@ class JitModule:
         with _lock:
             # an engine owns (and frees) its target machine: give it its own
             self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
-                                                      _new_target_machine())
+                                                      targets.target_machine(targets.host()))
             if module is not None:
                 self._engine.add_module(module)
                 self._module = module
@@ -113,9 +106,19 @@ class JitModule:
         return addr
 
 
-def emit_object(module: llvm.ModuleRef) -> bytes:
-    """Machine code for the host, to cache on disk and load with JitModule(object_code=...)."""
-    return target_machine().emit_object(module)
+def emit_object(module: llvm.ModuleRef, target: Target | None = None) -> bytes:
+    """Machine code for `target` (default: the host), to cache on disk and load with
+    JitModule(object_code=...) where the target runs."""
+    return target_machine(target).emit_object(module)
+
+
+def emit_assembly(module_text: str, target: Target | None = None, verbose: bool = True) -> str:
+    """Optimized assembly text of LLVM IR for `target` (verbose: with LLVM's comments
+    marking loops, spills and reloads)."""
+    mod = optimize(module_text, target)
+    tm = targets.target_machine(target or targets.host())
+    tm.set_asm_verbosity(verbose)
+    return tm.emit_assembly(mod)
 
 
 # Several object files as one blob (what the compile cache and artifacts store): MAGIC,
@@ -147,12 +150,13 @@ def split_objects(blob: bytes) -> list[bytes]:
     return out
 
 
-def compile_ir(module_text: str) -> bytes:
-    """Object code of one LLVM IR module (optimized for the host)."""
-    return emit_object(optimize(module_text))
+def compile_ir(module_text: str, target: Target | None = None) -> bytes:
+    """Object code of one LLVM IR module, optimized for `target` (default: the host)."""
+    return emit_object(optimize(module_text, target), target)
 
 
-def compile_parts(render: Callable[[int], str], parts: int) -> bytes:
+def compile_parts(render: Callable[[int], str], parts: int,
+                  target: Target | None = None) -> bytes:
     """Object code of `parts` modules, `render(p)` -> IR text of part p, as one blob.
 
     LLVM calls through llvmlite hold one process-wide lock, so parts cannot compile on
@@ -161,19 +165,19 @@ def compile_parts(render: Callable[[int], str], parts: int) -> bytes:
     part 0. A child that fails leaves its part to this process, which then compiles it
     itself (and raises any error there, as a serial compile would)."""
     if parts == 1 or not hasattr(os, "fork"):
-        return join_objects([compile_ir(render(p)) for p in range(parts)])
-    children = [_fork_part(render, p) for p in range(1, parts)]
-    objects = [compile_ir(render(0))]
+        return join_objects([compile_ir(render(p), target) for p in range(parts)])
+    children = [_fork_part(render, p, target) for p in range(1, parts)]
+    objects = [compile_ir(render(0), target)]
     for p, child in enumerate(children, start=1):
         obj = _collect(child)
         if obj is None:
             log.debug("braze: compile worker for part %d failed; compiling it here", p)
-            obj = compile_ir(render(p))
+            obj = compile_ir(render(p), target)
         objects.append(obj)
     return join_objects(objects)
 
 
-def _fork_part(render, part: int):
+def _fork_part(render, part: int, target: Target | None):
     """(pid, read end) of a child compiling `part`, or None when fork fails."""
     _init()
     read, write = os.pipe()
@@ -194,7 +198,7 @@ def _fork_part(render, part: int):
         status = 1
         try:
             os.close(read)
-            obj = compile_ir(render(part))
+            obj = compile_ir(render(part), target)
             with os.fdopen(write, "wb") as out:
                 out.write(struct.pack("<Q", len(obj)) + obj)
             status = 0
