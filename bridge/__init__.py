@@ -12,7 +12,9 @@ from bridge.onnx_api import CompiledOnnxModel, compile_onnx
 from compiler.errors import (
     ArtifactError,
     BrazeError,
+    BrazeIndexError,
     CompileError,
+    DivisionByZeroError,
     HostOpError,
     InputError,
     InvalidModelError,
@@ -24,8 +26,10 @@ from compiler.errors import (
 __all__ = [
     "ArtifactError",
     "BrazeError",
+    "BrazeIndexError",
     "CompileError",
     "CompiledOnnxModel",
+    "DivisionByZeroError",
     "HostOpError",
     "InputError",
     "InvalidModelError",

@@ -67,3 +67,10 @@ def _mixed_class(base: type) -> type:
 
 class TargetError(BrazeError):
     """An unknown compile target: its spelling, LLVM triple, CPU name or a feature."""
+class BrazeIndexError(BrazeError, IndexError):
+    """A compiled model read an index out of range (a Gather index, an embedding id);
+    an IndexError too, as onnxruntime's and torch's errors are to their callers."""
+
+
+class DivisionByZeroError(BrazeError, ZeroDivisionError):
+    """A compiled model divided an integer by zero (onnxruntime and torch raise)."""

@@ -215,13 +215,21 @@ def _pad(cx: Ctx, x, pad, value=0):
 
 @converts(aten.index_select.default)
 def _index_select(cx: Ctx, x, dim, index):
-    return cx.reshape(cx.op("gather", x, index, axis=norm_dim(dim, x.type.rank)),
-                      cx.out().shape)
+    d = norm_dim(dim, x.type.rank)
+    index = _no_negative(cx, index, x.shape[d] if x.type.rank else 1)
+    return cx.reshape(cx.op("gather", x, index, axis=d), cx.out().shape)
 
 
 @converts(aten.embedding.default)
 def _embedding(cx: Ctx, weight, indices, padding_idx=-1, scale_grad=False, sparse=False):
-    return cx.op("gather", weight, indices, axis=0)
+    return cx.op("gather", weight, _no_negative(cx, indices, weight.shape[0]), axis=0)
+
+
+def _no_negative(cx: Ctx, index, n: int):
+    """torch's embedding and index_select take no negative index (IR gather counts them
+    from the end): map one to n, which the gather's bounds check reports."""
+    return cx.op("select", cx.op("lt", index, cx.scalar(0, index.dtype)),
+                 cx.scalar(n, index.dtype), index)
 
 
 @converts(aten.index.Tensor)

@@ -26,7 +26,7 @@ import numpy as np
 
 from compiler import __version__, dtypes
 from compiler import target as targets
-from compiler.codegen import llvm_cpu
+from compiler.codegen import faults, llvm_cpu
 from compiler.codegen.cpu import PACKED, Renderer, SplitRender
 from compiler.errors import CompileError, InputError
 from compiler.ir import Graph, Value
@@ -115,7 +115,10 @@ class CompiledGraph:
         consts = [n.outputs[0] for n in graph.nodes if n.op == "const"
                   and n.attrs["value"].size != 1 and n.outputs[0] in unpacked]
         self._inter = [k.root for k in self.kernels if k.root not in self._outputs]
-        order = self._inputs + self._outputs + consts + list(packed) + self._inter
+        # the fault word's slot comes last (compiler/codegen/faults.py); none if nothing faults
+        self._fault_sites = faults.sites(graph)
+        order = self._inputs + self._outputs + consts + list(packed) + self._inter + (
+            [faults.FAULTS] if self._fault_sites else [])
         self.slots = {v: i for i, v in enumerate(order)}
         self._const_arrays = [np.ascontiguousarray(v.producer.attrs["value"]) for v in consts]
         self._const_arrays += list(packed.values())
@@ -200,6 +203,9 @@ class CompiledGraph:
                 t[self.slots[v]] = a.ctypes.data
             for v in self._inter:
                 t[self.slots[v]] = base + self._offsets[v]
+            self._local.fault = np.zeros(1, np.int32)
+            if self._fault_sites:
+                t[self.slots[faults.FAULTS]] = self._local.fault.ctypes.data
             self._local.table, self._local.arena = t, arena
             self._local.address = ctypes.addressof(t)
         return t
@@ -226,9 +232,18 @@ class CompiledGraph:
         for i, o in enumerate(outs):
             t[base + i] = _address(o)
         self._fn(address, self.threads)
+        if self._fault_sites:
+            self._raise_faults()
         if len(outs) == len(self.graph.outputs):
             return outs  # the common case: every output computed, each once
         return self._results(outs, keep)
+
+    def _raise_faults(self) -> None:
+        """Raise what the call's fault word records (and clear it for the next call)."""
+        word = int(self._local.fault[0])
+        if word:
+            self._local.fault[0] = 0
+            faults.check(word, self.graph)
 
     def profile(self, arrays: list, rounds: int = 10) -> list[float]:
         """Seconds per kernel (in `kernels` order): the median over `rounds` calls of a

@@ -26,6 +26,7 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen import llvm_cpu
+from compiler.codegen.faults import FAULTS, FaultWord, code_of
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
 from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
@@ -68,6 +69,7 @@ class Renderer:
         self._unique: dict[str, tuple] = {}  # kernel text -> (function, outer, threaded?)
         self._by_signature: dict[tuple, tuple] = {}  # _signature -> the same
         self.verify_twins = VERIFY_TWINS
+        self._faults = None  # the faults.FaultWord of the kernel function being rendered
         self._count = 0  # kernels rendered (names k0, k1, ...; twins are dropped)
         self._omp: dict = {}
 
@@ -121,7 +123,11 @@ class Renderer:
         its packed operands."""
         return kernel_leaves(k, self.slots) + [k.root] + [
             (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
-            if (PACKED, u) in self.slots]
+            if (PACKED, u) in self.slots] + ([FAULTS] if FAULTS in self.slots and _may_fault(k) else [])
+
+    def _emitter(self, b, bufs, registers=None, flat: bool = False) -> ElementEmitter:
+        """An element emitter for the kernel being rendered (recording its faults)."""
+        return ElementEmitter(b, bufs, registers, flat, faults=self._faults)
 
     def _nest(self, module: ir.Module, name: str, k: Kernel,
               linkage: str = "internal") -> tuple[ir.Function, int, bool]:
@@ -131,6 +137,7 @@ class Renderer:
         bufs, lo, hi = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptrs = self._buffers(b, bufs, kernel_leaves(k, self.slots) + [k.root])
+        self._faults = FaultWord(b) if FAULTS in self._local else None
         root = k.root
         node = k.contraction
         outer, parallel = _extent(k, self.tile)
@@ -153,6 +160,9 @@ class Renderer:
         else:
             inner = root.shape[-1] if root.shape else 1
             counted_loop(b, lo, hi, lambda b, o: self._row_of_loop(b, ptrs, k, o, inner))
+        if self._faults is not None:
+            self._faults.flush(b, self._buffers(b, bufs, [FAULTS])[FAULTS])
+            self._faults = None
         b.ret_void()
         return fn, outer, parallel
 
@@ -169,7 +179,7 @@ class Renderer:
         end = b.select(b.icmp_signed("<", end, i64(size)), end, i64(size))
 
         def element(b, j):
-            em = ElementEmitter(b, without(ptrs, k.root), flat=True)
+            em = self._emitter(b, without(ptrs, k.root), flat=True)
             store_element(b, ptrs[k.root], k.root.dtype, j, em.at(k.root, [j]))
 
         counted_loop(b, start, end, element)
@@ -180,7 +190,7 @@ class Renderer:
         base = b.mul(o, i64(inner))
 
         def element(b, j):
-            em = ElementEmitter(b, without(ptrs, root))
+            em = self._emitter(b, without(ptrs, root))
             idx = head + [j] if root.shape else []
             store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
@@ -207,7 +217,7 @@ class Renderer:
             accs = [_Accumulator(b, r) for r in level]
 
             def step(b, j):
-                em = ElementEmitter(b, ptrs, registers)
+                em = self._emitter(b, ptrs, registers)
                 idx = full_index(b, j)
                 rows.seed(b, em, idx, j)
                 for acc in accs:
@@ -223,7 +233,7 @@ class Renderer:
             store_element(b, ptrs[root], root.dtype, o, registers[root])
         elif root.shape == k.domain:  # a last pass writes the row
             def write(b, j):
-                em = ElementEmitter(b, without(ptrs, root), registers)
+                em = self._emitter(b, without(ptrs, root), registers)
                 idx = full_index(b, j)
                 rows.seed(b, em, idx, j)
                 off = linear_index(b, idx, k.domain)
@@ -234,7 +244,7 @@ class Renderer:
             idx = list(kept_idx)
             if root.shape == k.row_shapes()[0] and len(root.shape) == len(k.domain):
                 idx = full_index(b, i64(0))
-            em = ElementEmitter(b, without(ptrs, root), registers)
+            em = self._emitter(b, without(ptrs, root), registers)
             store_element(b, ptrs[root], root.dtype, o, em.at(root, idx))
 
     def _tile_epilogue(self, ptrs, k: Kernel):
@@ -381,7 +391,7 @@ class Renderer:
 
         def element(b, j):
             col = b.add(col0, j)
-            value = ElementEmitter(b, bufs).at(root, head + [col])
+            value = self._emitter(b, bufs).at(root, head + [col])
             store_element(b, ptrs[root], root.dtype, b.add(base, col), value)
 
         counted_loop(b, i64(0), cols, element)
@@ -398,7 +408,7 @@ class Renderer:
         zero = scalar_constant(0, root.dtype)
         counted_loop(b, i64(0), i64(n_cols), lambda b, j: store_element(
             b, ptrs[root], root.dtype, b.add(base, j), zero))
-        em = ElementEmitter(b, ptrs)
+        em = self._emitter(b, ptrs)
 
         def depth_step(b, p):
             a_idx = broadcast_index(head[:-1], a.shape[:-2], root.shape[:-2]) + [head[-1], p]
@@ -555,6 +565,11 @@ class SplitRender:
 
 
 # -- helpers ----------------------------------------------------------------------
+
+def _may_fault(k: Kernel) -> bool:
+    """Whether a kernel computes a node that records faults (compiler/codegen/faults.py)."""
+    return any(code_of(n) for n in k.nodes)
+
 
 def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
     """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,

@@ -15,7 +15,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler import dtypes
-from compiler.codegen import ops_llvm
+from compiler.codegen import faults, ops_llvm
 from compiler.codegen.ops_llvm import I1, I64, llvm_type, storage_type
 from compiler.ir import IRError, Value
 from compiler.ops import Family
@@ -51,7 +51,7 @@ class ElementEmitter:
     """Emits elements of values for one kernel body (see the module docstring)."""
 
     def __init__(self, b: ir.IRBuilder, buffers: dict[Value, ir.Value],
-                 registers: dict | None = None, flat: bool = False):
+                 registers: dict | None = None, flat: bool = False, faults=None):
         self.b = b
         self.buffers = buffers  # value -> pointer to its first element
         # values already computed for the whole current row (reduction results):
@@ -60,6 +60,9 @@ class ElementEmitter:
         # flat: every value is read at the same linear index (or at 0 if it has
         # one element); idx is then [linear index]
         self.flat = flat
+        # faults: the kernel's faults.FaultWord, where out-of-range indices and integer
+        # division by zero are recorded (None: they are only made safe, as on CUDA)
+        self.faults = faults
         self.memo: dict = {}
         self._invariant: dict[Value, bool] = {}  # _row_invariant's answers
 
@@ -110,7 +113,22 @@ class ElementEmitter:
         x, y = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)
         if out.dtype in dtypes.FLOATS and self._row_invariant(n.inputs[1]):
             return self.b.fmul(x, self.b.fdiv(ir.Constant(y.type, 1.0), y))
+        self._note_zero_divisor(n, y)
         return ops_llvm.emit(self.b, n, [x, y])
+
+    def _mod(self, n, idx):
+        out = n.outputs[0]
+        x, y = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)
+        self._note_zero_divisor(n, y)
+        return ops_llvm.emit(self.b, n, [x, y])
+
+    _fmod = _mod
+
+    def _note_zero_divisor(self, n, y) -> None:
+        """Record an integer divisor of 0 (ops_llvm divides by 1 there instead of trapping)."""
+        if self.faults is not None and faults.code_of(n) == faults.ZERO_DIVISOR:
+            self.faults.note(self.b, self.b.icmp_unsigned("==", y, ir.Constant(y.type, 0)),
+                             faults.ZERO_DIVISOR)
 
     def _row_invariant(self, v: Value) -> bool:
         """Whether v is computed from reduction registers and scalar constants only."""
@@ -160,7 +178,10 @@ class ElementEmitter:
         j = self.b.sext(j, I64) if j.type.width < 64 else j
         size = i64(data.shape[axis])
         j = self.b.select(self.b.icmp_signed("<", j, i64(0)), self.b.add(j, size), j)
-        # out-of-range indices are a model error; clamp so the load stays in bounds
+        if self.faults is not None:  # unsigned: a still-negative index is huge
+            self.faults.note(self.b, self.b.icmp_unsigned(">=", j, size), faults.INDEX)
+        # out-of-range indices are a model error (recorded above); clamp so the load stays
+        # in bounds
         j = self.b.select(self.b.icmp_signed("<", j, i64(0)), i64(0), j)
         j = self.b.select(self.b.icmp_signed(">=", j, size), self.b.sub(size, i64(1)), j)
         return self.at(data, idx[:axis] + [j] + idx[axis + r:])

@@ -1,0 +1,83 @@
+"""Run-time faults of compiled code: out-of-range gather indices, integer division by 0.
+
+onnxruntime and torch raise on these; braze's kernels must neither trap nor read out
+of bounds, so the generated code keeps going on a safe value (a clamped index, a
+divisor of 1) and records the fault instead. Each kernel function ORs fault codes into
+a word of its own (an alloca, so it lives in a register and vectorizes as an
+or-reduction) and, on return, ORs a non-zero word into the cluster's fault word (one
+atomic op per kernel call and thread); the runtime reads that word once after the
+call and raises (`check`). A cluster with no faulting node has no fault slot and pays
+nothing.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from compiler import dtypes
+from compiler.errors import BrazeIndexError, DivisionByZeroError
+from compiler.ir import Graph, Node
+
+FAULTS = "faults"  # slot-table key of the cluster's fault word (an int32)
+INDEX = 1  # a gather index outside [-n, n)
+ZERO_DIVISOR = 2  # an integer div / mod by zero
+
+I32 = ir.IntType(32)
+INT_DIVIDES = ("div", "mod", "fmod")
+
+
+def code_of(node: Node) -> int:
+    """The fault `node` may raise at run time (0 if none)."""
+    if node.op == "gather":
+        return INDEX
+    if node.op in INT_DIVIDES and node.outputs[0].dtype not in dtypes.FLOATS:
+        divisor = node.inputs[1].producer
+        if divisor is not None and divisor.op == "const" and divisor.attrs["value"].all():
+            return 0  # a constant divisor with no zero: nothing to check
+        return ZERO_DIVISOR
+    return 0
+
+
+def sites(graph: Graph) -> list[Node]:
+    """The nodes of `graph` whose kernels check for a fault."""
+    return [n for n in graph.nodes if code_of(n)]
+
+
+class FaultWord:
+    """A kernel function's own fault bits (see the module docstring)."""
+
+    def __init__(self, b: ir.IRBuilder):
+        with b.goto_entry_block():
+            self.word = b.alloca(I32)
+        b.store(ir.Constant(I32, 0), self.word)
+
+    def note(self, b: ir.IRBuilder, bad, code: int) -> None:
+        """word |= code where `bad` (an i1) holds; branch-free."""
+        bit = b.select(bad, ir.Constant(I32, code), ir.Constant(I32, 0))
+        b.store(b.or_(b.load(self.word, typ=I32), bit), self.word)
+
+    def flush(self, b: ir.IRBuilder, target) -> None:
+        """OR the bits into the cluster's word at `target` if any is set."""
+        word = b.load(self.word, typ=I32)
+        with b.if_then(b.icmp_unsigned("!=", word, ir.Constant(I32, 0)), likely=False):
+            b.atomic_rmw("or", target, word, "monotonic")
+
+
+def check(word: int, graph: Graph) -> None:
+    """Raise the error a non-zero fault word stands for, naming the nodes that may have."""
+    if word & INDEX:
+        raise BrazeIndexError(f"index out of range in {_names(graph, INDEX)}")
+    if word & ZERO_DIVISOR:
+        raise DivisionByZeroError(f"integer division by zero in {_names(graph, ZERO_DIVISOR)}")
+
+
+def _names(graph: Graph, code: int) -> str:
+    nodes = [n for n in sites(graph) if code_of(n) == code]
+    shown = ", ".join(_describe(n) for n in nodes[:3])
+    return shown + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+
+
+def _describe(node: Node) -> str:
+    if node.op != "gather":
+        return node.describe()
+    return f"{node.describe()} (axis of size {node.inputs[0].shape[node.attrs['axis']]})"
