@@ -25,7 +25,7 @@ import onnx.inliner
 from onnx import NodeProto, TypeProto, helper
 
 from compiler import dtypes
-from compiler.errors import InputError, InvalidModelError
+from compiler.errors import BrazeError, InputError, InvalidModelError
 from compiler.ir import Graph, IRError, TensorType, Value, verify
 from importers.onnx_host import HostTyper, captured_names, make_payload, onnx_schema
 from importers.onnx_load import DEFAULT_DOMAINS, check_versions, load_model
@@ -39,6 +39,7 @@ from importers.onnx_types import (
     tensor_from_array,
     tensor_type_from_proto,
 )
+from importers.onnx_validate import NodeChecker
 
 __all__ = ["OnnxImport", "import_onnx", "load_model"]
 
@@ -78,9 +79,15 @@ def import_onnx(model_or_path, input_shapes: dict | None = None,
     """
     model = load_model(model_or_path)
     opsets = check_versions(model)
-    if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
-    return _Importer(model, opsets, dict(input_values or {})).run(dict(input_shapes or {}))
+    try:
+        if model.functions:
+            model = onnx.inliner.inline_local_functions(model)
+        return _Importer(model, opsets, dict(input_values or {})).run(dict(input_shapes or {}))
+    except BrazeError:
+        raise
+    except Exception as e:  # onnx's own errors and Python ones from a malformed model
+        raise InvalidModelError(f"cannot import the model: {type(e).__name__}: "
+                                f"{_first_line(e)}") from e
 
 
 def describe(node: NodeProto, index: int) -> str:
@@ -114,6 +121,7 @@ class _Importer:
         g = model.graph
         self.declared = {v.name: v.type for v in list(g.value_info) + list(g.output)}
         self.typer: HostTyper | None = None
+        self.checker = NodeChecker(model)
 
     def run(self, input_shapes: dict) -> OnnxImport:
         inputs = self._add_inputs(input_shapes)
@@ -127,10 +135,24 @@ class _Importer:
                 raise InvalidModelError(f"graph output {name!r} is produced by no node, "
                                         f"input or initializer")
         self.graph.outputs = [self.env[name] for name in outputs]
+        self._check_output_types()
         self.graph.remove_dead()
         verify(self.graph)
         return OnnxImport(self.graph, [v.name for v in inputs], outputs, self.opsets.get("", 0),
                           [v.dtype for v in inputs], self.value_inputs)
+
+    def _check_output_types(self) -> None:
+        """A graph output declared with an element type its producer does not give is an
+        invalid model (onnxruntime refuses it)."""
+        for vi, v in zip(self.model.graph.output, self.graph.outputs):
+            tt = vi.type.tensor_type if vi.type.WhichOneof("value") == "tensor_type" else None
+            if tt is None or not tt.elem_type or v.dtype == "opaque":
+                continue
+            declared = dtype_of_elem(tt.elem_type)
+            if declared != v.dtype:
+                raise InvalidModelError(f"graph output {vi.name!r} is declared "
+                                        f"{onnx.TensorProto.DataType.Name(tt.elem_type)}, "
+                                        f"but its producer gives {v.dtype}")
 
     # -- inputs and initializers ------------------------------------------
 
@@ -291,6 +313,7 @@ class _Importer:
     def _convert(self, index: int, node: NodeProto) -> None:
         desc = describe(node, index)
         version = self._schema_version(node, desc)
+        self._validate(node, desc, version)
         domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
         if version is None:
             fn, reason = None, f"no braze converter for {domain}.{node.op_type}"
@@ -311,7 +334,22 @@ class _Importer:
                 self._note_wanted(f.wants)
             except IRError as e:
                 reason, ir_failed = f"braze's IR rejects the conversion: {e}", True
+            except BrazeError:
+                raise
+            except Exception as e:  # a converter tripping over a malformed node
+                raise InvalidModelError(f"{desc}: cannot be converted "
+                                        f"({type(e).__name__}: {e})") from e
         self._host(node, desc, reason, ir_failed)
+
+    def _validate(self, node: NodeProto, desc: str, version: int | None) -> None:
+        """InvalidModelError for a node onnxruntime would refuse (importers.onnx_validate)."""
+        names = [n for n in node.input if n]
+        values = {n: self.env[n] for n in names}
+        types = {n: tp for n, v in values.items()
+                 if (tp := self.onnx_types.get(v) or proto_from_tensor_type(v.type))}
+        schema = onnx_schema(node, self.opsets) if version is not None else None
+        self.checker.check(node, desc, schema, types,
+                           lambda name: const_array(values.get(name)))
 
     def _bind(self, node: NodeProto, outs: list, start: int) -> None:
         """Map the node's ONNX outputs to the converter's values, giving new ones ONNX names."""
@@ -383,6 +421,11 @@ def _unconvertible(inputs: list) -> str:
         if v.dtype not in NUMPY_DTYPES:
             return f"input %{v.name} has dtype {v.dtype}, which braze does not compute with"
     return ""
+
+
+def _first_line(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 def _dims(tt) -> str:

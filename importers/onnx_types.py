@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, TypeProto, helper, numpy_helper
 
+from compiler.errors import InvalidModelError
 from compiler.ir import TensorType
 
 # ONNX TensorProto.DataType -> IR dtype (absent: no IR equivalent, opaque)
@@ -79,6 +80,8 @@ def array_from_tensor(t: TensorProto, base_dir: str = "") -> np.ndarray | None:
     """A read-only numpy array for an ONNX tensor; None when the IR cannot hold its type."""
     if dtype_of_elem(t.data_type) not in NUMPY_DTYPES:
         return None
+    if any(d < 0 for d in t.dims):
+        raise InvalidModelError(f"tensor {t.name!r} has negative dims {list(t.dims)}")
     arr = numpy_helper.to_array(t, base_dir)
     if arr.dtype.kind in "SU":
         arr = arr.astype(object)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler.errors import InvalidModelError
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 
@@ -35,6 +36,9 @@ def convert_reshape(cx: NodeContext):
         if known == 0:
             raise Fallback(f"Reshape of {x.shape} to {shape}: -1 beside a zero dim")
         out[out.index(-1)] = x.type.size // known
+    if any(d < 0 for d in out) or _prod(out) != x.type.size:
+        raise InvalidModelError(f"{cx.describe}: cannot reshape {x.shape} "
+                                f"({x.type.size} elements) to {shape}")
     return [cx.reshape(x, out)]
 
 
