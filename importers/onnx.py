@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,10 +26,10 @@ import onnx.inliner
 from onnx import NodeProto, TypeProto, helper
 
 from compiler import dtypes
-from compiler.errors import BrazeError, InputError, InvalidModelError
+from compiler.errors import BrazeError, CompileError, InputError, InvalidModelError
 from compiler.ir import Graph, IRError, TensorType, Value, verify
 from importers.onnx_host import HostTyper, captured_names, make_payload, onnx_schema
-from importers.onnx_load import DEFAULT_DOMAINS, check_versions, load_model
+from importers.onnx_load import DEFAULT_DOMAINS, check_versions, load_model, node_name
 from importers.onnx_ops import Fallback, lookup
 from importers.onnx_ops.context import NodeContext, const_array
 from importers.onnx_types import (
@@ -92,7 +93,7 @@ def import_onnx(model_or_path, input_shapes: dict | None = None,
 
 def describe(node: NodeProto, index: int) -> str:
     """'node "name" (Op)', or 'node #index (Op)' for an unnamed node."""
-    where = f'"{node.name}"' if node.name else f"#{index}"
+    where = f'"{node_name(node)}"' if node.name else f"#{index}"
     op = f"{node.domain}.{node.op_type}" if node.domain not in DEFAULT_DOMAINS else node.op_type
     return f"node {where} ({op})"
 
@@ -138,6 +139,7 @@ class _Importer:
         self._check_output_types()
         self.graph.remove_dead()
         verify(self.graph)
+        _check_sizes(self.graph)
         return OnnxImport(self.graph, [v.name for v in inputs], outputs, self.opsets.get("", 0),
                           [v.dtype for v in inputs], self.value_inputs)
 
@@ -146,7 +148,10 @@ class _Importer:
         invalid model (onnxruntime refuses it)."""
         for vi, v in zip(self.model.graph.output, self.graph.outputs):
             tt = vi.type.tensor_type if vi.type.WhichOneof("value") == "tensor_type" else None
-            if tt is None or not tt.elem_type or v.dtype == "opaque":
+            if tt is not None and not tt.elem_type:
+                raise InvalidModelError(f"graph output {vi.name!r} has no element type "
+                                        f"(elem_type 0, UNDEFINED)")
+            if tt is None or v.dtype == "opaque":
                 continue
             declared = dtype_of_elem(tt.elem_type)
             if declared != v.dtype:
@@ -214,6 +219,9 @@ class _Importer:
     def _input_type(self, vi, given) -> TensorType:
         if vi.type.WhichOneof("value") != "tensor_type":
             return TensorType("opaque", ())
+        if not vi.type.tensor_type.elem_type:
+            raise InvalidModelError(f"input {vi.name!r} has no element type "
+                                    f"(elem_type 0, UNDEFINED)")
         dtype = dtype_of_elem(vi.type.tensor_type.elem_type)
         if given is not None:
             return TensorType(dtype, tuple(int(d) for d in given))
@@ -254,6 +262,10 @@ class _Importer:
         nodes = list(self.model.graph.node)
         producer: dict[str, int] = {}
         for i, n in enumerate(nodes):
+            bad = [x for x in list(n.input) + list(n.output) if isinstance(x, bytes)]
+            if bad:
+                raise InvalidModelError(f"{describe(n, i)}: value name {bad[0]!r} is not "
+                                        f"valid UTF-8")
             for out in n.output:
                 if out and (out in producer or out in self.env):
                     raise InvalidModelError(f"{describe(n, i)} defines {out!r}, "
@@ -403,7 +415,7 @@ class _Importer:
         payload = make_payload(node, in_names, out_names, self.model.opset_import, types)
         attrs = {"framework": "onnx", "domain": node.domain, "op_type": node.op_type,
                  "payload": payload, "reason": reason}
-        n = self.graph.add_node("host", in_vals, attrs, name=node.name, out_names=out_names,
+        n = self.graph.add_node("host", in_vals, attrs, name=node_name(node), out_names=out_names,
                                 out_types=out_types)
         for name, v, tp in zip(out_names, n.outputs, protos):
             self.env[name] = v
@@ -421,6 +433,28 @@ def _unconvertible(inputs: list) -> str:
         if v.dtype not in NUMPY_DTYPES:
             return f"input %{v.name} has dtype {v.dtype}, which braze does not compute with"
     return ""
+
+
+def _check_sizes(graph: Graph) -> None:
+    """CompileError for a tensor larger than this machine's memory (a model whose pads or
+    shapes ask for one would fail allocating it at every call)."""
+    limit = _memory_bytes()
+    for n in graph.nodes:
+        for v in n.outputs:
+            if v.dtype != "opaque" and v.type.static:
+                size = v.type.size * dtypes.itemsize(v.dtype)
+                if size > limit:
+                    raise CompileError(f"{n.describe()}: its result %{v.name} {v.type} takes "
+                                       f"{size / 2**30:.1f} GiB, more than this machine's "
+                                       f"{limit / 2**30:.1f} GiB of memory")
+
+
+@functools.cache
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
 
 
 def _first_line(e: Exception) -> str:

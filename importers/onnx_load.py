@@ -102,6 +102,13 @@ def _all_tensors(graph: onnx.GraphProto):
                 yield from _all_tensors(g)
 
 
+def node_name(node) -> str:
+    """A node's name as text: protobuf hands a name that is not valid UTF-8 over as bytes
+    (onnxruntime accepts those), shown here with its bad bytes escaped."""
+    name = node.name
+    return name.decode("utf-8", "backslashreplace") if isinstance(name, bytes) else name
+
+
 def opset_imports(model: onnx.ModelProto) -> dict[str, int]:
     """domain -> version, with the default domain under "" (ai.onnx folded into it)."""
     out: dict[str, int] = {}

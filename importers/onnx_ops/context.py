@@ -12,8 +12,10 @@ import numpy as np
 from onnx import NodeProto, helper
 
 from compiler import dtypes
+from compiler.errors import InvalidModelError
 from compiler.ir import Graph, Node, Value
 from compiler.ops import get_op
+from importers.onnx_load import node_name
 from importers.onnx_ops import Fallback
 from importers.onnx_types import NUMPY_DTYPES
 
@@ -41,6 +43,7 @@ class NodeContext:
         self.inputs = inputs
         self.describe = describe
         self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self.name = node_name(node)
         self._hint = (node.output[0] if node.output and node.output[0] else node.op_type)
 
     # -- reading the ONNX node --------------------------------------------
@@ -80,9 +83,11 @@ class NodeContext:
         return None if arr is None else [int(a) for a in arr.reshape(-1)]
 
     def axis(self, axis: int, rank: int) -> int:
-        """A possibly negative axis made non-negative; Fallback if out of range."""
+        """A possibly negative axis made non-negative; InvalidModelError if out of range
+        (onnxruntime refuses such a model)."""
         if not -rank <= axis < max(rank, 1):
-            raise Fallback(f"axis {axis} out of range for rank {rank}")
+            raise InvalidModelError(f"{self.describe}: axis {axis} out of range for rank "
+                                    f"{rank}")
         return axis + rank if axis < 0 else axis
 
     # -- building IR --------------------------------------------------------
@@ -90,14 +95,14 @@ class NodeContext:
     def op(self, name: str, *inputs: Value, **attrs) -> Value:
         """Append one single-output IR op (folded to a const if all inputs are)."""
         opdef = get_op(name)
-        node = Node(name, list(inputs), opdef.normalize_attrs(attrs, self.node.name),
-                    self.node.name)
+        node = Node(name, list(inputs), opdef.normalize_attrs(attrs, self.name),
+                    self.name)
         types = opdef.infer(node)
         arrays = [const_array(v) for v in inputs]
         if (len(types) == 1 and all(a is not None for a in arrays)
                 and types[0].dtype in NUMPY_DTYPES and types[0].size <= FOLD_LIMIT):
             return self.const(opdef.evaluate(node, arrays)[0])
-        return self.graph.add_node(name, inputs, node.attrs, name=self.node.name,
+        return self.graph.add_node(name, inputs, node.attrs, name=self.name,
                                    out_names=[f"{self._hint}.{name}"], out_types=types).output
 
     def const(self, array) -> Value:

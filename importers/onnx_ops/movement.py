@@ -46,6 +46,9 @@ def convert_reshape(cx: NodeContext):
 def convert_flatten(cx: NodeContext):
     x = cx.x
     axis = cx.attr("axis", 1)
+    if not -x.type.rank <= axis <= x.type.rank:
+        raise InvalidModelError(f"{cx.describe}: axis {axis} out of range for rank "
+                                f"{x.type.rank}")
     axis = axis + x.type.rank if axis < 0 else axis
     return [cx.reshape(x, (_prod(x.shape[:axis]), _prod(x.shape[axis:])))]
 
@@ -85,6 +88,9 @@ def convert_unsqueeze(cx: NodeContext):
 @converter("Transpose", 1)
 def convert_transpose(cx: NodeContext):
     perm = cx.attr("perm") or list(range(cx.x.type.rank))[::-1]
+    if sorted(perm) != list(range(cx.x.type.rank)):
+        raise InvalidModelError(f"{cx.describe}: perm {list(perm)} is not a permutation of "
+                                f"the {cx.x.type.rank} axes")
     return [cx.transpose(cx.x, perm)]
 
 
@@ -186,7 +192,11 @@ def convert_pad(cx: NodeContext):
     rank = x.type.rank
     pads, mode, value = _pad_params(cx)
     if len(pads) != 2 * rank:
-        raise Fallback(f"{len(pads)} pads for rank {rank}")
+        raise InvalidModelError(f"{cx.describe}: {len(pads)} pads for rank {rank}")
+    for a in range(rank):
+        if x.shape[a] + pads[a] + pads[a + rank] < 0:
+            raise InvalidModelError(f"{cx.describe}: pads {pads} leave axis {a} of size "
+                                    f"{x.shape[a]} a negative size")
     for a in range(rank):
         lo, hi = min(pads[a], 0), min(pads[a + rank], 0)
         if lo or hi:

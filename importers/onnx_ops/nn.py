@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from compiler.errors import InvalidModelError
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 
@@ -75,10 +76,19 @@ def convert_matmul(cx: NodeContext):
 def convert_gemm(cx: NodeContext):
     """alpha * A' @ B' + beta * C, A' and B' optionally transposed."""
     a, b, c = cx.input(0), cx.input(1), cx.input(2)
+    if a.type.rank != 2 or b.type.rank != 2:
+        raise InvalidModelError(f"{cx.describe}: A {a.shape} and B {b.shape} must be matrices")
     if cx.attr("transA", 0):
         a = cx.transpose(a, (1, 0))
     if cx.attr("transB", 0):
         b = cx.transpose(b, (1, 0))
+    if a.shape[1] != b.shape[0]:
+        raise InvalidModelError(f"{cx.describe}: A' {a.shape} and B' {b.shape} are not "
+                                f"matrices that multiply")
+    m, n = a.shape[0], b.shape[1]
+    if c is not None and (c.type.rank > 2 or any(
+            d not in (1, want) for d, want in zip(c.shape[::-1], (n, m)))):
+        raise InvalidModelError(f"{cx.describe}: C {c.shape} does not broadcast to {(m, n)}")
     y = cx.op("matmul", a, b)
     alpha, beta = cx.attr("alpha", 1.0), cx.attr("beta", 1.0)
     if alpha != 1.0:

@@ -18,6 +18,7 @@ time a hang (it is killed and a fresh worker takes the next mutant). Classes:
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
 import zlib
 from collections import Counter
@@ -148,6 +149,7 @@ def _serve(conn) -> None:
     import warnings
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.stdout = open(os.devnull, "w")  # onnxruntime's Python layer prints EP errors there
     warnings.filterwarnings("ignore")
     logging.getLogger("braze").setLevel(logging.CRITICAL)
     while True:
