@@ -206,11 +206,13 @@ def _avg_pool(cx: Ctx, x, kernel, stride=(), padding=0, ceil_mode=False,
     n = x.type.rank - 2
     k, s, pads, dil = _window(x, kernel, stride, padding, [1] * n, cx.out().shape)
     declared = pads[:n]
-    if count_include_pad and any(declared):
-        # torch counts the declared padding but not ceil_mode's overhang: pad explicitly,
-        # then average over what lies inside the padded input
-        x = cx.op("pad", x, pads=[0, 0] + declared + [0, 0] + declared, mode="constant")
-        pads = [0] * n + [e - p for e, p in zip(pads[n:], declared)]
+    if count_include_pad:
+        # torch divides by the part of the window inside the declared padding, never by
+        # ceil_mode's overhang past it: pad explicitly, then average over what lies inside
+        # the padded input (with no padding and no overhang both counts are the kernel's)
+        if any(declared):
+            x = cx.op("pad", x, pads=[0, 0] + declared + [0, 0] + declared, mode="constant")
+            pads = [0] * n + [e - p for e, p in zip(pads[n:], declared)]
         count_include_pad = False
     return cx.op("avg_pool", x, kernel=k, strides=s, pads=pads, dilations=dil,
                  count_include_pad=count_include_pad)

@@ -235,6 +235,8 @@ class ElementEmitter:
         """A chain of branches: each input is only read where it owns the index."""
         axis = n.attrs["axis"]
         out_t = llvm_type(n.outputs[0].dtype)
+        if n.outputs[0].shape[axis] == 0:  # an empty result: no element is ever read
+            return scalar_constant(0, n.outputs[0].dtype)
         b = self.b
         end = b.append_basic_block("concat.end")
         incoming = []
