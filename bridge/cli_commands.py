@@ -43,8 +43,15 @@ def random_inputs(model, shapes: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random data for each input, by its ONNX element type."""
     import onnx.helper
 
-    np_dtypes = {inp.name: onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
-                 for inp in model.graph.input if inp.name in shapes}
+    np_dtypes = {}
+    for inp in model.graph.input:
+        if inp.name in shapes:
+            elem = inp.type.tensor_type.elem_type
+            try:
+                np_dtypes[inp.name] = onnx.helper.tensor_dtype_to_np_dtype(elem)
+            except (KeyError, TypeError, ValueError):
+                raise InputError(f"input {inp.name!r} has element type {elem}, for which "
+                                 f"--random makes no data") from None
     return random_arrays(np_dtypes, shapes, seed)
 
 
@@ -73,6 +80,7 @@ def _ort_session(model_or_path, threads: int = 2):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    so.log_severity_level = 4  # its failures raise; its own log lines would only repeat them
     src = str(model_or_path) if isinstance(model_or_path, (str, Path)) else \
         model_or_path.SerializeToString()
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])

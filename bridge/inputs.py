@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.errors import InputError
+from compiler.errors import InputError, InvalidModelError
 
 ANY_RANK = "any rank"  # InputSpec.dims when the model declares no shape for the input
 
@@ -46,6 +46,11 @@ def input_spec(vi) -> InputSpec:
     if vi.type.WhichOneof("value") != "tensor_type":
         return InputSpec(vi.name, None, None, f"{vi.name} (non-tensor)")
     tt = vi.type.tensor_type
+    if not tt.elem_type:
+        raise InvalidModelError(f"input {vi.name!r} has no element type (elem_type 0)")
+    negative = [d.dim_value for d in tt.shape.dim if d.HasField("dim_value") and d.dim_value < 0]
+    if negative:
+        raise InvalidModelError(f"input {vi.name!r} declares a negative dim {negative[0]}")
     dtype = _np_dtype(tt.elem_type)
     shown = str(dtype) if dtype is not None else "?"
     if not tt.HasField("shape"):

@@ -25,6 +25,13 @@ BAD_FILES = [
     ("unknown_domain", 1, ["com.example.nope", "frob0"]),
     ("unknown_op", 1, ["Frobnicate", "frob0"]),
     ("future_opset", 1, ["opset"]),
+    ("zero_kernel", 1, ["pool0", "kernel_shape"]),
+    ("no_kernel", 1, ["pool0", "kernel_shape"]),
+    ("zero_stride", 1, ["pool0", "strides"]),
+    ("div_by_zero", 1, ["div0", "zero"]),
+    ("mod_by_zero", 1, ["div0", "zero"]),
+    ("undefined_elem", 1, ["'x'", "element type"]),
+    ("negative_dim", 1, ["-2"]),
 ]
 
 
