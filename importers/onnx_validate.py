@@ -2,11 +2,13 @@
 
 Each check raises InvalidModelError naming the node: the ONNX checker's node rules
 (attributes known and of the right type, required ones present, input and output
-counts), 0/1 flags holding 0 or 1, the ONNX type constraints on its input types, the window attributes of
-convolutions and pools (kernel_shape, strides, dilations positive; a pool's
-kernel_shape present and of the input's spatial rank), and integer Div / Mod by a
-constant divisor holding a zero (onnxruntime raises on each of these; braze's kernels
-would otherwise run them and answer garbage).
+counts); 0/1 flags holding 0 or 1; the schema's type constraints on the input types;
+the window attributes of convolutions and pools (kernel_shape, strides, dilations
+positive; a pool's kernel_shape present and of the input's spatial rank; a conv's
+weight of the input's rank and channels; no window larger than its padded input);
+and integer Div / Mod by a constant divisor holding a zero. onnxruntime refuses each
+of these; braze's kernels would otherwise run them and answer garbage (MaxPool with
+kernel_shape [0, 0] gave all -inf, integer Div by a constant 0 gave x).
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ class Renderer:
         its packed operands."""
         return kernel_leaves(k, self.slots) + [k.root] + [
             (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
-            if (PACKED, u) in self.slots] + ([FAULTS] if FAULTS in self.slots and _may_fault(k) else [])
+            if (PACKED, u) in self.slots] + (
+                [FAULTS] if FAULTS in self.slots and _may_fault(k) else [])
 
     def _emitter(self, b, bufs, registers=None, flat: bool = False) -> ElementEmitter:
         """An element emitter for the kernel being rendered (recording its faults)."""
