@@ -242,6 +242,9 @@ class _Importer:
 
     def _add_initializers(self) -> None:
         for t in self.model.graph.initializer:
+            if not t.name or not t.data_type:
+                raise InvalidModelError(f"initializer {t.name!r} has no "
+                                        f"{'name' if not t.name else 'element type'}")
             arr = array_from_tensor(t)
             if arr is None:
                 node = helper.make_node("Constant", [], [t.name], value=t)

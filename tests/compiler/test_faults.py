@@ -163,3 +163,22 @@ def test_torch_embedding_and_index_select_raise_index_error(bad):
             with pytest.raises(BrazeIndexError):
                 c(torch.tensor([bad, 0]))
         torch._dynamo.reset()
+
+
+def test_torch_integer_division_by_zero_raises():
+    torch = pytest.importorskip("torch")
+    torch._dynamo.reset()
+
+    def f(a, b):
+        return (a // b) + torch.remainder(a, b)
+
+    a = torch.arange(-6, 6, dtype=torch.int32).reshape(3, 4)
+    good, zero = torch.full((4,), 3, dtype=torch.int32), torch.tensor([1, 0, 2, 3],
+                                                                        dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(a, zero)
+    c = torch.compile(f, backend="braze", options={"strict": True, "allow_fallback": False})
+    torch.testing.assert_close(c(a, good), f(a, good))
+    with pytest.raises(DivisionByZeroError, match="integer division by zero"):
+        c(a, zero)
+    torch._dynamo.reset()
