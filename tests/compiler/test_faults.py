@@ -182,3 +182,13 @@ def test_torch_integer_division_by_zero_raises():
     with pytest.raises(DivisionByZeroError, match="integer division by zero"):
         c(a, zero)
     torch._dynamo.reset()
+
+
+def test_saved_artifact_keeps_the_check(tmp_path):
+    m = bridge.compile_onnx(_gather_model(), allow_fallback=False)
+    m(np.array([0, 1, 2, 3]))
+    m.save(tmp_path / "gather.braze")
+    loaded = bridge.load(tmp_path / "gather.braze")
+    np.testing.assert_array_equal(loaded(np.array([9, 0, 1, 2]))[0], TABLE[[9, 0, 1, 2]])
+    with pytest.raises(BrazeIndexError):
+        loaded(np.array([0, 0, 10, 0]))
