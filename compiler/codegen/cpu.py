@@ -26,9 +26,9 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen import llvm_cpu
-from compiler.codegen.faults import FAULTS, FaultWord, code_of
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
+from compiler.codegen.faults import FAULTS, FaultWord, code_of
 from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
                                        kernel_leaves, mul_add, reduce_init, store_element,
                                        without)
