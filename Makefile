@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.braze-installed
 JOBS   ?= 2
+# `make bench CPU="znver3 x86-64-v2"` also times braze built for those LLVM CPUs
+CPU    ?=
 
 # torch and torchvision must come as a matching pair; these are the versions this
 # machine kind's pip serves together (see README, "Set-up").
@@ -28,7 +30,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.resnet50
+	$(PY) -m benchmarks.resnet50 $(if $(CPU),--cpu $(CPU))
 
 clean:
 	rm -rf $(VENV) build *.egg-info
