@@ -64,9 +64,9 @@ def channels_last_refusal(node: Node, target: str = "cpu") -> str | None:
         return f"{len(x.shape) - 2}-d windows: braze compiles 2-d ones"
     if node.op != "conv":
         return None if x.dtype in ("f32", "f64") else f"dtype {x.dtype}"
-    from compiler.kernels import conv
+    from compiler.kernels import conv, grouped
 
-    return conv.refusal(node)
+    return conv.refusal(node) if node.attrs["group"] == 1 else grouped.refusal(node)
 
 
 def _kind(target) -> str | None:

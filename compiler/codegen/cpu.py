@@ -33,7 +33,7 @@ from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
                                        without)
 from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm, winograd
+from compiler.kernels import conv, gemm, grouped, winograd
 from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
@@ -266,7 +266,12 @@ class Renderer:
         extra = [(PACKED, u) for u in node.inputs[1:]]
         packed = self._buffers(b, bufs, extra)
         weight, bias = packed[extra[0]], packed[extra[1]] if len(extra) > 1 else None
-        if winograd.refusal(node, self.tile) is None:
+        if grouped.refusal(node) is None:
+            shape = grouped.plan(node, self.tile.vec)
+            apply, after = self._channel_hooks(ptrs, k)
+            counted_loop(b, lo, hi, lambda b, o: grouped.emit_item(
+                b, shape, ptrs[x], weight, bias, ptrs[root], o, apply, after))
+        elif winograd.refusal(node, self.tile) is None:
             shape = winograd.plan(node, self.tile)
             zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
             epilogue, post = self._winograd_hooks(ptrs, k)
@@ -304,16 +309,18 @@ class Renderer:
 
         return transform
 
-    def _register_apply(self, ptrs, k: Kernel):
+    def _register_apply(self, ptrs, k: Kernel, multiple: int | None = None):
         """`apply(b, vec, off, col) -> vec`: the epilogue on one output vector (`vec` floats at
         element offset `off` of the root, channel `col`), where every op is one vector
         instruction (REGISTER_OPS) and every other operand a scalar constant, a buffer of
         the root's shape, or a row of N values broadcast along the rows (bias-like);
-        float32, whole panels. None otherwise (or when there is no epilogue)."""
+        float32, channels a `multiple` of lanes (whole panels by default: the caller
+        applies it to whole vectors only otherwise). None otherwise (or when there is no
+        epilogue)."""
         root, raw = k.root, k.contraction.outputs[0]
         n = root.shape[-1]
         epi = [node for node in k.nodes if node is not k.contraction]
-        if not epi or root.dtype != "f32" or n % self.tile.nr:
+        if not epi or root.dtype != "f32" or n % (multiple or self.tile.nr):
             return None
         inside = {raw} | {node.outputs[0] for node in epi}
         for node in epi:
@@ -333,6 +340,15 @@ class Renderer:
             return env[root]
 
         return apply
+
+    def _channel_hooks(self, ptrs, k: Kernel) -> tuple:
+        """(epilogue on a VEC-lane register, epilogue in place over a pixel's stored
+        channels) for a grouped conv: it applies the first where it can, else the second;
+        both None when the kernel has no epilogue."""
+        if k.root is k.contraction.outputs[0]:
+            return None, None
+        return (self._register_apply(ptrs, k, multiple=1),
+                lambda b, pixel, col0, cols: self._epilogue(b, ptrs, k, pixel, col0, cols))
 
     def _winograd_hooks(self, ptrs, k: Kernel) -> tuple:
         """(epilogue on registers, in-place epilogue after each store) for a Winograd conv:
@@ -564,7 +580,8 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
         shape = gemm.GemmShape.of(node, tile)
         outer, work = shape.items, shape.m * shape.n * shape.k
     elif node is not None and node.op == "conv":
-        shape = winograd.plan(node, tile) if winograd.refusal(node, tile) is None \
+        shape = grouped.plan(node, tile.vec) if grouped.refusal(node) is None \
+            else winograd.plan(node, tile) if winograd.refusal(node, tile) is None \
             else conv.ConvShape.of(node, tile)
         outer, work = shape.items, shape.macs
     elif node is not None:
