@@ -26,6 +26,7 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen import llvm_cpu
+from compiler.codegen.mathlib import FAST_F32
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
 from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
@@ -292,8 +293,10 @@ class Renderer:
 
     def _register_epilogue(self, ptrs, k: Kernel):
         """The epilogue applied to the tile's accumulator vectors before they are stored
-        (`_register_apply` per vector); None where it cannot run on registers."""
-        apply = self._register_apply(ptrs, k)
+        (`_register_apply` per vector); None where it cannot run on registers. With N not
+        a multiple of NR, the last panel's vectors past N (never stored) read their
+        operands at the row's start, so every read stays in bounds."""
+        apply = self._register_apply(ptrs, k, multiple=self.tile.vec)
         if apply is None:
             return None
         n, t = k.root.shape[-1], self.tile
@@ -301,10 +304,14 @@ class Renderer:
         def transform(b, rows, row0, col0, vals):
             out = []
             for r in range(rows):
-                base = b.add(b.mul(b.add(row0, i64(r)), i64(n)), col0)
+                start = b.mul(b.add(row0, i64(r)), i64(n))
                 for v in range(t.nv):
-                    out.append(apply(b, vals[r * t.nv + v], b.add(base, i64(v * t.vec)),
-                                     b.add(col0, i64(v * t.vec))))
+                    col = b.add(col0, i64(v * t.vec))
+                    off = b.add(start, col)
+                    if n % t.nr:
+                        inside = b.icmp_signed("<", col, i64(n))
+                        col, off = b.select(inside, col, i64(0)), b.select(inside, off, start)
+                    out.append(apply(b, vals[r * t.nv + v], off, col))
             return out
 
         return transform
@@ -642,10 +649,13 @@ def _attr_key(a):
 
 
 # Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue):
-# the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops.
+# the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops, and
+# braze's float32 math (mathlib: exp, sigmoid, tanh, erf, log on vectors too), so SiLU,
+# GELU and the like run on the registers, never as a scalar loop over the stored tile.
 REGISTER_OPS = {
     **{op: (lambda op: lambda b, x, y: binary_float(b, op, x, y))(op)
        for op in ("add", "sub", "mul", "div", "max", "min")},
+    **{op: (lambda fn: lambda b, x: fn(b, x))(fn) for op, fn in FAST_F32.items()},
     "neg": lambda b, x: b.fneg(x),
 }
 
