@@ -27,8 +27,8 @@ output row, CHUNK vectors of channels). Padding costs no test in the inner loops
 window rows inside the image are a range computed once per output row, and the output
 columns are split at compile time into a left border, the interior (whole windows, tiles
 of TILE) and a right border (pixel by pixel, only the taps inside the image). The last
-vector of a channel count that is not a multiple of the width loads and stores lane by
-lane. The epilogue runs on the registers (`apply`) for whole `vec`-wide vectors, else
+vector of a channel count that is not a multiple of the width loads and stores under a
+mask. The epilogue runs on the registers (`apply`) for whole `vec`-wide vectors, else
 in place after the store (`after`).
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler.codegen.lowering import counted_loop
-from compiler.kernels.gemm import F32, I32, I64
+from compiler.kernels.gemm import F32, I32, I64, PTR
 
 # Output pixels per register tile: TILE accumulators, plus a weight vector and a tile's
 # loads, inside AVX-512's 32 registers.
@@ -214,26 +214,37 @@ def _splat(b: ir.IRBuilder, x, width: int):
                             ir.Constant(ir.VectorType(I32, width), None))
 
 
+def _mask(lanes: int, valid: int) -> ir.Constant:
+    return ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * valid + [0] * (lanes - valid))
+
+
+def _masked(b: ir.IRBuilder, op: str, lanes: int) -> ir.Function:
+    """llvm.masked.load / llvm.masked.store on `lanes` floats (LLVM 22's form: no alignment
+    argument)."""
+    name = f"llvm.masked.{op}.v{lanes}f32.p0"
+    try:
+        return b.module.get_global(name)
+    except KeyError:
+        t, m = _vec(lanes), ir.VectorType(ir.IntType(1), lanes)
+        sig = ir.FunctionType(t, [PTR, m, t]) if op == "load" else \
+            ir.FunctionType(ir.VoidType(), [t, PTR, m])
+        return ir.Function(b.module, sig, name)
+
+
 def _load_lanes(b: ir.IRBuilder, ptr, lanes: int, valid: int):
     """A vector of `lanes` floats at ptr, of which only the first `valid` are read (the
-    rest are zero): one vector load when all are valid, else lane by lane."""
+    rest are zero): a plain vector load when all are valid, else a masked one."""
     t = _vec(lanes)
     if valid >= lanes:
         return b.load(ptr, typ=t, align=4)
-    v = ir.Constant(t, None)
-    for i in range(valid):
-        x = b.load(b.gep(ptr, [_i64(i)], source_etype=F32, inbounds=True), typ=F32)
-        v = b.insert_element(v, x, ir.Constant(I32, i))
-    return v
+    return b.call(_masked(b, "load", lanes), [ptr, _mask(lanes, valid), ir.Constant(t, None)])
 
 
 def _store_lanes(b: ir.IRBuilder, vec, ptr, lanes: int, valid: int) -> None:
     if valid >= lanes:
         b.store(vec, ptr, align=4)
         return
-    for i in range(valid):
-        b.store(b.extract_element(vec, ir.Constant(I32, i)),
-                b.gep(ptr, [_i64(i)], source_etype=F32, inbounds=True))
+    b.call(_masked(b, "store", lanes), [vec, ptr, _mask(lanes, valid)])
 
 
 @dataclass
