@@ -146,6 +146,8 @@ class Renderer:
             self._conv(b, bufs, ptrs, k, lo, hi)
         elif node is not None:
             counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
+        elif k.kind == "row" and by_columns(k):
+            counted_loop(b, lo, hi, lambda b, o: self._column_kernel(b, ptrs, k, o))
         elif k.kind == "row":
             counted_loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
         elif is_flat(k):
@@ -237,6 +239,59 @@ class Renderer:
                 idx = full_index(b, i64(0))
             em = ElementEmitter(b, without(ptrs, root), registers)
             store_element(b, ptrs[root], root.dtype, o, em.at(root, idx))
+
+    def _column_kernel(self, b, ptrs, k: Kernel, o) -> None:
+        """A row kernel that keeps its last dim (`by_columns`: a global pool over
+        channels-last activations), for the outer kept index o: one pass over the reduced
+        dims with the last dim innermost (contiguous, vectorized), each reduction
+        accumulating into a scratch row of that dim, then the root's row from them."""
+        dom, reds = k.domain, k.levels[0]
+        last, n = len(dom) - 1, dom[-1]
+        outer = delinearize(b, o, tuple(dom[d] for d in range(last) if d not in k.axes))
+        red_shape = tuple(dom[d] for d in k.axes)
+        with b.goto_entry_block():  # one scratch row per reduction, on this thread's stack
+            rows = [b.alloca(llvm_type(r.inputs[0].dtype), size=i64(n)) for r in reds]
+
+        def index(reduced: list, c) -> list:
+            idx, kept = [None] * len(dom), iter(outer)
+            for d in range(last):
+                idx[d] = reduced[k.axes.index(d)] if d in k.axes else next(kept)
+            return idx[:last] + [c]
+
+        def slot(b, i, c):
+            return b.gep(rows[i], [c], source_etype=llvm_type(reds[i].inputs[0].dtype),
+                         inbounds=True)
+
+        counted_loop(b, i64(0), i64(n), lambda b, c: [
+            b.store(reduce_init(r.op, r.inputs[0].dtype), slot(b, i, c))
+            for i, r in enumerate(reds)])
+
+        def step(b, j):
+            reduced = delinearize(b, j, red_shape)
+
+            def column(b, c):
+                em = ElementEmitter(b, ptrs)
+                for i, r in enumerate(reds):
+                    t = r.inputs[0].dtype
+                    cur = b.load(slot(b, i, c), typ=llvm_type(t))
+                    x = em.at(r.inputs[0], index(reduced, c))
+                    b.store(combine(b, r.op, t, cur, x), slot(b, i, c))
+
+            counted_loop(b, i64(0), i64(n), column)
+
+        counted_loop(b, i64(0), i64(int(np.prod(red_shape, dtype=np.int64))), step)
+        root = k.root
+        full = len(root.shape) == len(dom)  # keepdims: the reduced dims are 1s
+
+        def write(b, c):
+            registers = {r.outputs[0]: b.load(slot(b, i, c), typ=llvm_type(r.inputs[0].dtype))
+                         for i, r in enumerate(reds)}
+            em = ElementEmitter(b, without(ptrs, root), registers)
+            idx = index([i64(0)] * len(k.axes), c) if full else list(outer) + [c]
+            store_element(b, ptrs[root], root.dtype, b.add(b.mul(o, i64(n)), c),
+                          em.at(root, idx))
+
+        counted_loop(b, i64(0), i64(n), write)
 
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,
@@ -596,6 +651,7 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
         work = root.type.size * node.inputs[0].shape[-1]
     elif k.kind == "row":
         outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
+        outer //= k.domain[-1] if by_columns(k) else 1
         work = int(np.prod(k.domain, dtype=np.int64))
     elif is_flat(k):
         work = root.type.size
@@ -605,6 +661,25 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
         work = root.type.size
         outer = work // inner if inner else 0
     return outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
+
+
+# A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.
+COLUMN_ROW_BYTES = 1 << 16
+
+
+def by_columns(k: Kernel) -> bool:
+    """Whether a row kernel runs as `Renderer._column_kernel`: one level of reductions
+    (no argmax/argmin), the last dim kept (its elements contiguous: reducing row by row
+    would read them a whole stride apart), a root of one element per kept index, and
+    nothing kept per row."""
+    if len(k.levels) != 1 or k.row_cached or not k.axes:
+        return False
+    last = len(k.domain) - 1
+    if last < 1 or last in k.axes or k.root.shape not in k.row_shapes():
+        return False
+    if any(r.op in ("argmax", "argmin") for r in k.levels[0]):
+        return False
+    return k.domain[last] * 8 <= COLUMN_ROW_BYTES
 
 
 def _signature(k: Kernel, local: dict) -> tuple | None:

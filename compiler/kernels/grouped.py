@@ -195,6 +195,11 @@ def _i64(n: int) -> ir.Constant:
     return ir.Constant(I64, int(n))
 
 
+def _as_i64(j):
+    """An int as an i64 constant; an LLVM value as it is."""
+    return _i64(j) if isinstance(j, int) else j
+
+
 def _vec(width: int) -> ir.VectorType:
     return ir.VectorType(F32, width)
 
@@ -281,6 +286,8 @@ def emit_item(b: ir.IRBuilder, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, i
 
 
 class _Emitter:
+    """Emits one work item's code (see emit_item); the pieces are its methods."""
+
     def __init__(self, b, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after):
         self.b, self.s = b, s
         self.x, self.w, self.bias, self.y = x_ptr, w_ptr, bias_ptr, y_ptr
@@ -338,40 +345,34 @@ class _Emitter:
         self._finish(row, ow0, [b.load(a, typ=t) for a in accs])
 
     def _window_row(self, row: _Row, kh, col0, taps, accs) -> None:
-        """acc[p] += sum over kw in taps[p], j < Cg of input * weight, window row kh."""
+        """acc[p] += sum over kw in taps[p], j < Cg of input * weight, window row kh: j
+        unrolled (always in shuffle mode: a shuffle's lanes are constants), or a loop."""
+        s = self.s
+        if s.mode == "shuffle" or s.cg <= UNROLL_CG:
+            self._taps(row, kh, col0, taps, accs, range(s.cg))
+        else:
+            counted_loop(self.b, _i64(0), _i64(s.cg),
+                         lambda b, j: self._taps(row, kh, col0, taps, accs, [j]))
+
+    def _taps(self, row: _Row, kh, col0, taps, accs, js) -> None:
+        """The FMAs of window row kh for the input channels j in js (ints, or one i64)."""
         b, s = self.b, self.s
         t = _vec(s.width)
         iy = b.add(row.y0, b.mul(kh, _i64(s.dilations[0])))
         line = b.mul(b.add(b.mul(row.n, _i64(s.h)), iy), _i64(s.w))  # pixel index of x=0
-        vals = [b.load(a, typ=t) for a in accs]
         wrow = b.mul(b.add(b.mul(row.v, _i64(s.kh)), kh), _i64(s.kw))  # (v, kh, 0)
-
-        def taps_for(j):  # j: an int, or an i64 in a runtime loop (broadcast mode)
-            jj = _i64(j) if isinstance(j, int) else j
+        vals = [b.load(a, typ=t) for a in accs]
+        for j in js:
             for p, kws in enumerate(taps):
                 for kw in kws:
-                    col = b.add(col0, _i64(p * s.strides[1] + kw * s.dilations[1]))
-                    pixel = b.add(line, col)
-                    wk = b.add(b.mul(b.add(wrow, _i64(kw)), _i64(s.cg)), jj)
+                    pixel = b.add(line, b.add(col0, _i64(p * s.strides[1]
+                                                         + kw * s.dilations[1])))
+                    wk = b.add(b.mul(b.add(wrow, _i64(kw)), _i64(s.cg)), _as_i64(j))
                     wvec = b.load(b.gep(self.w, [b.mul(wk, _i64(s.width))],
                                         source_etype=F32, inbounds=True), typ=t, align=4)
-                    xvec = self._input(row, pixel, j)
-                    vals[p] = b.call(self.fma, [xvec, wvec, vals[p]])
-
-        if s.mode == "shuffle" or s.cg <= UNROLL_CG:  # a shuffle's lanes are constants
-            for j in range(s.cg):
-                taps_for(j)
-            for p, a in enumerate(accs):
-                b.store(vals[p], a)
-            return
-
-        def body(b, j):
-            vals[:] = [b.load(a, typ=t) for a in accs]
-            taps_for(j)
-            for p, a in enumerate(accs):
-                b.store(vals[p], a)
-
-        counted_loop(b, _i64(0), _i64(s.cg), body)
+                    vals[p] = b.call(self.fma, [self._input(row, pixel, j), wvec, vals[p]])
+        for p, a in enumerate(accs):
+            b.store(vals[p], a)
 
     def _input(self, row: _Row, pixel, j):
         """The vector whose lane o holds X[pixel, g(o) * Cg + j] (j: an int in shuffle
@@ -379,8 +380,7 @@ class _Emitter:
         b, s = self.b, self.s
         if s.mode == "broadcast":
             group = b.udiv(row.v, _i64(s.mg // s.width))
-            jj = _i64(j) if isinstance(j, int) else j
-            ch = b.add(b.add(b.mul(pixel, _i64(s.cin)), b.mul(group, _i64(s.cg))), jj)
+            ch = b.add(b.add(b.mul(pixel, _i64(s.cin)), b.mul(group, _i64(s.cg))), _as_i64(j))
             x = b.load(b.gep(self.x, [ch], source_etype=F32, inbounds=True), typ=F32)
             return _splat(b, x, s.width)
         start = b.add(b.mul(pixel, _i64(s.cin)), b.mul(row.v, _i64(s.span)))

@@ -292,3 +292,32 @@ def test_torchvision_mobile_nets_compile_whole(name):
         want = model(torch.from_numpy(x)).numpy()
     got = compiled(x)[0]
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+# -- a squeeze-and-excitation block's global pool, channels-last ---------------------
+
+POOLS = """
+graph p(%x: f32[2,9,7,40]) -> (%mean, %peak, %soft) {
+  %s = reduce_sum(%x) {axes=[1, 2], keepdims=true} : f32[2,1,1,40]
+  %k = const() {value=dense<f32[]: [63.0]>} : f32[]
+  %mean = div(%s, %k) : f32[2,1,1,40]
+  %peak = reduce_max(%x) {axes=[1], keepdims=false} : f32[2,7,40]
+  %m = reduce_max(%x) {axes=[3], keepdims=true} : f32[2,9,7,1]
+  %soft = sub(%x, %m) : f32[2,9,7,40]
+}
+"""
+
+
+def test_global_pool_over_channels_last_runs_by_columns():
+    from compiler.codegen.cpu import by_columns
+
+    cg = compile_graph(parse_graph(POOLS))
+    columns = {k.root.name: by_columns(k) for k in cg.kernels if k.kind == "row"}
+    assert columns == {"mean": True, "peak": True, "soft": False}  # the last dim reduced
+    x = RNG.standard_normal((2, 9, 7, 40)).astype(np.float32)
+    mean, peak, soft = cg.run([x])
+    xt = torch.from_numpy(x).double()
+    np.testing.assert_allclose(mean, xt.mean(dim=(1, 2), keepdim=True).numpy(), rtol=1e-6,
+                               atol=1e-7)
+    np.testing.assert_array_equal(peak, xt.amax(dim=1).float().numpy())
+    np.testing.assert_array_equal(soft, (xt - xt.amax(dim=3, keepdim=True)).float().numpy())
