@@ -36,8 +36,8 @@ def _out_dim(size, k, stride, lo, hi, dil):
     return (size + lo + hi - dil * (k - 1) - 1) // stride + 1
 
 
-def _run_2d(x_shape, cout, k, strides, pads, dil, group, bias=True):
-    """braze's NHWC conv and torch's float64 one on the same random data."""
+def _run_2d(x_shape, cout, k, strides, pads, dil, group, bias=True, target="cpu"):
+    """braze's NHWC conv (for `target`) and torch's float64 one on the same random data."""
     n, h, w, cin = x_shape
     kh, kw = (k, k) if isinstance(k, int) else k
     oh = _out_dim(h, kh, strides[0], pads[0], pads[2], dil[0])
@@ -47,7 +47,7 @@ def _run_2d(x_shape, cout, k, strides, pads, dil, group, bias=True):
     x = RNG.standard_normal(x_shape).astype(np.float32)
     g = parse_graph(_conv_text(x_shape, wt.shape, strides, pads, dil, group,
                                (n, oh, ow, cout), bias), {"w": wt, "b": b})
-    y, = compile_graph(g).run([x])
+    y, = compile_graph(g, target=target).run([x])
     xt = torch.nn.functional.pad(torch.from_numpy(x).permute(0, 3, 1, 2).double(),
                                  (pads[1], pads[3], pads[0], pads[2]))
     want = torch.nn.functional.conv2d(xt, torch.from_numpy(wt).double(),
@@ -98,6 +98,15 @@ def test_grouped_matches_torch(groups, width):
 def test_grouped_with_unequal_group_widths_matches_torch(cin, cout, groups, strides):
     y, want, terms = _run_2d((1, 9, 8, cin), cout, 3, strides, (1, 0, 1, 2), (1, 1),
                              group=groups, bias=False)
+    _close(y, want, terms)
+
+
+@pytest.mark.parametrize("target", ["cpu:znver3", "cpu:x86-64-v2"])  # AVX2, SSE4.2: 8, 4 lanes
+@pytest.mark.parametrize("cin,cout,groups", [(20, 20, 20), (24, 48, 24), (64, 64, 8),
+                                             (48, 48, 2)])
+def test_narrower_vector_targets_match_torch(target, cin, cout, groups):
+    y, want, terms = _run_2d((1, 7, 9, cin), cout, 3, (1, 1), (1, 1, 1, 1), (1, 1),
+                             group=groups, target=target)
     _close(y, want, terms)
 
 
