@@ -60,13 +60,15 @@ def channels_last_refusal(node: Node, target: str = "cpu") -> str | None:
     if target == "cuda":
         return "channels-last conv and pooling kernels are CPU-only"
     x = node.inputs[0]
-    if len(x.shape) != 4 or not x.type.static:
-        return f"{len(x.shape) - 2}-d windows: braze compiles 2-d ones"
+    grouped = node.op == "conv" and node.attrs["group"] != 1
+    if not x.type.static or len(x.shape) not in ((3, 4) if grouped else (4,)):
+        return f"{len(x.shape) - 2}-d windows: braze compiles 2-d ones " \
+               f"(and 1-d grouped convs)"
     if node.op != "conv":
         return None if x.dtype in ("f32", "f64") else f"dtype {x.dtype}"
-    from compiler.kernels import conv
+    from compiler.kernels import conv, grouped
 
-    return conv.refusal(node)
+    return conv.refusal(node) if node.attrs["group"] == 1 else grouped.refusal(node)
 
 
 def _kind(target) -> str | None:

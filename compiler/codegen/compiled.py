@@ -30,7 +30,7 @@ from compiler.codegen import faults, llvm_cpu
 from compiler.codegen.cpu import PACKED, Renderer, SplitRender
 from compiler.errors import CompileError, InputError
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm, winograd
+from compiler.kernels import conv, gemm, grouped, winograd
 from compiler.passes.fuse import FusionPlan, plan
 from compiler.text import print_graph
 
@@ -337,6 +337,10 @@ def packers(node, tile: gemm.Tile) -> dict:
     bias = functools.partial(conv.pack_bias, tile=tile)
     if node.op == "matmul" and gemm.refusal(node) is None:
         return {1: functools.partial(gemm.pack_b, tile=tile)}
+    if node.op == "conv" and grouped.refusal(node) is None:
+        width = grouped.plan(node, tile.vec).width
+        return {1: lambda w: grouped.pack_weight(w, width),
+                2: lambda b: grouped.pack_bias(b, width)}
     if node.op == "conv" and winograd.refusal(node, tile) is None:
         m = winograd.plan(node, tile).m
         return {1: lambda w: winograd.pack_weight(w, m, tile), 2: bias}

@@ -26,6 +26,7 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen import llvm_cpu
+from compiler.codegen.mathlib import FAST_F32
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
 from compiler.codegen.faults import FAULTS, FaultWord, code_of
@@ -34,7 +35,7 @@ from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
                                        without)
 from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm, winograd
+from compiler.kernels import conv, gemm, grouped, winograd
 from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
@@ -153,6 +154,8 @@ class Renderer:
             self._conv(b, bufs, ptrs, k, lo, hi)
         elif node is not None:
             counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
+        elif k.kind == "row" and by_columns(k):
+            counted_loop(b, lo, hi, lambda b, o: self._column_kernel(b, ptrs, k, o))
         elif k.kind == "row":
             counted_loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
         elif is_flat(k):
@@ -248,6 +251,59 @@ class Renderer:
             em = self._emitter(b, without(ptrs, root), registers)
             store_element(b, ptrs[root], root.dtype, o, em.at(root, idx))
 
+    def _column_kernel(self, b, ptrs, k: Kernel, o) -> None:
+        """A row kernel that keeps its last dim (`by_columns`: a global pool over
+        channels-last activations), for the outer kept index o: one pass over the reduced
+        dims with the last dim innermost (contiguous, vectorized), each reduction
+        accumulating into a scratch row of that dim, then the root's row from them."""
+        dom, reds = k.domain, k.levels[0]
+        last, n = len(dom) - 1, dom[-1]
+        outer = delinearize(b, o, tuple(dom[d] for d in range(last) if d not in k.axes))
+        red_shape = tuple(dom[d] for d in k.axes)
+        with b.goto_entry_block():  # one scratch row per reduction, on this thread's stack
+            rows = [b.alloca(llvm_type(r.inputs[0].dtype), size=i64(n)) for r in reds]
+
+        def index(reduced: list, c) -> list:
+            idx, kept = [None] * len(dom), iter(outer)
+            for d in range(last):
+                idx[d] = reduced[k.axes.index(d)] if d in k.axes else next(kept)
+            return idx[:last] + [c]
+
+        def slot(b, i, c):
+            return b.gep(rows[i], [c], source_etype=llvm_type(reds[i].inputs[0].dtype),
+                         inbounds=True)
+
+        counted_loop(b, i64(0), i64(n), lambda b, c: [
+            b.store(reduce_init(r.op, r.inputs[0].dtype), slot(b, i, c))
+            for i, r in enumerate(reds)])
+
+        def step(b, j):
+            reduced = delinearize(b, j, red_shape)
+
+            def column(b, c):
+                em = ElementEmitter(b, ptrs)
+                for i, r in enumerate(reds):
+                    t = r.inputs[0].dtype
+                    cur = b.load(slot(b, i, c), typ=llvm_type(t))
+                    x = em.at(r.inputs[0], index(reduced, c))
+                    b.store(combine(b, r.op, t, cur, x), slot(b, i, c))
+
+            counted_loop(b, i64(0), i64(n), column)
+
+        counted_loop(b, i64(0), i64(int(np.prod(red_shape, dtype=np.int64))), step)
+        root = k.root
+        full = len(root.shape) == len(dom)  # keepdims: the reduced dims are 1s
+
+        def write(b, c):
+            registers = {r.outputs[0]: b.load(slot(b, i, c), typ=llvm_type(r.inputs[0].dtype))
+                         for i, r in enumerate(reds)}
+            em = ElementEmitter(b, without(ptrs, root), registers)
+            idx = index([i64(0)] * len(k.axes), c) if full else list(outer) + [c]
+            store_element(b, ptrs[root], root.dtype, b.add(b.mul(o, i64(n)), c),
+                          em.at(root, idx))
+
+        counted_loop(b, i64(0), i64(n), write)
+
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,
         in place in the root's buffer, to a tile of rows x NR columns just stored there;
@@ -277,7 +333,12 @@ class Renderer:
         extra = [(PACKED, u) for u in node.inputs[1:]]
         packed = self._buffers(b, bufs, extra)
         weight, bias = packed[extra[0]], packed[extra[1]] if len(extra) > 1 else None
-        if winograd.refusal(node, self.tile) is None:
+        if grouped.refusal(node) is None:
+            shape = grouped.plan(node, self.tile.vec)
+            apply, after = self._channel_hooks(ptrs, k)
+            counted_loop(b, lo, hi, lambda b, o: grouped.emit_item(
+                b, shape, ptrs[x], weight, bias, ptrs[root], o, apply, after))
+        elif winograd.refusal(node, self.tile) is None:
             shape = winograd.plan(node, self.tile)
             zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
             epilogue, post = self._winograd_hooks(ptrs, k)
@@ -298,8 +359,10 @@ class Renderer:
 
     def _register_epilogue(self, ptrs, k: Kernel):
         """The epilogue applied to the tile's accumulator vectors before they are stored
-        (`_register_apply` per vector); None where it cannot run on registers."""
-        apply = self._register_apply(ptrs, k)
+        (`_register_apply` per vector); None where it cannot run on registers. With N not
+        a multiple of NR, the last panel's vectors past N (never stored) read their
+        operands at the row's start, so every read stays in bounds."""
+        apply = self._register_apply(ptrs, k, multiple=self.tile.vec)
         if apply is None:
             return None
         n, t = k.root.shape[-1], self.tile
@@ -307,24 +370,30 @@ class Renderer:
         def transform(b, rows, row0, col0, vals):
             out = []
             for r in range(rows):
-                base = b.add(b.mul(b.add(row0, i64(r)), i64(n)), col0)
+                start = b.mul(b.add(row0, i64(r)), i64(n))
                 for v in range(t.nv):
-                    out.append(apply(b, vals[r * t.nv + v], b.add(base, i64(v * t.vec)),
-                                     b.add(col0, i64(v * t.vec))))
+                    col = b.add(col0, i64(v * t.vec))
+                    off = b.add(start, col)
+                    if n % t.nr:
+                        inside = b.icmp_signed("<", col, i64(n))
+                        col, off = b.select(inside, col, i64(0)), b.select(inside, off, start)
+                    out.append(apply(b, vals[r * t.nv + v], off, col))
             return out
 
         return transform
 
-    def _register_apply(self, ptrs, k: Kernel):
+    def _register_apply(self, ptrs, k: Kernel, multiple: int | None = None):
         """`apply(b, vec, off, col) -> vec`: the epilogue on one output vector (`vec` floats at
         element offset `off` of the root, channel `col`), where every op is one vector
         instruction (REGISTER_OPS) and every other operand a scalar constant, a buffer of
         the root's shape, or a row of N values broadcast along the rows (bias-like);
-        float32, whole panels. None otherwise (or when there is no epilogue)."""
+        float32, channels a `multiple` of lanes (whole panels by default: the caller
+        applies it to whole vectors only otherwise). None otherwise (or when there is no
+        epilogue)."""
         root, raw = k.root, k.contraction.outputs[0]
         n = root.shape[-1]
         epi = [node for node in k.nodes if node is not k.contraction]
-        if not epi or root.dtype != "f32" or n % self.tile.nr:
+        if not epi or root.dtype != "f32" or n % (multiple or self.tile.nr):
             return None
         inside = {raw} | {node.outputs[0] for node in epi}
         for node in epi:
@@ -344,6 +413,15 @@ class Renderer:
             return env[root]
 
         return apply
+
+    def _channel_hooks(self, ptrs, k: Kernel) -> tuple:
+        """(epilogue on a VEC-lane register, epilogue in place over a pixel's stored
+        channels) for a grouped conv: it applies the first where it can, else the second;
+        both None when the kernel has no epilogue."""
+        if k.root is k.contraction.outputs[0]:
+            return None, None
+        return (self._register_apply(ptrs, k, multiple=1),
+                lambda b, pixel, col0, cols: self._epilogue(b, ptrs, k, pixel, col0, cols))
 
     def _winograd_hooks(self, ptrs, k: Kernel) -> tuple:
         """(epilogue on registers, in-place epilogue after each store) for a Winograd conv:
@@ -580,7 +658,8 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
         shape = gemm.GemmShape.of(node, tile)
         outer, work = shape.items, shape.m * shape.n * shape.k
     elif node is not None and node.op == "conv":
-        shape = winograd.plan(node, tile) if winograd.refusal(node, tile) is None \
+        shape = grouped.plan(node, tile.vec) if grouped.refusal(node) is None \
+            else winograd.plan(node, tile) if winograd.refusal(node, tile) is None \
             else conv.ConvShape.of(node, tile)
         outer, work = shape.items, shape.macs
     elif node is not None:
@@ -588,6 +667,7 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
         work = root.type.size * node.inputs[0].shape[-1]
     elif k.kind == "row":
         outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
+        outer //= k.domain[-1] if by_columns(k) else 1
         work = int(np.prod(k.domain, dtype=np.int64))
     elif is_flat(k):
         work = root.type.size
@@ -597,6 +677,25 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
         work = root.type.size
         outer = work // inner if inner else 0
     return outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
+
+
+# A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.
+COLUMN_ROW_BYTES = 1 << 16
+
+
+def by_columns(k: Kernel) -> bool:
+    """Whether a row kernel runs as `Renderer._column_kernel`: one level of reductions
+    (no argmax/argmin), the last dim kept (its elements contiguous: reducing row by row
+    would read them a whole stride apart), a root of one element per kept index, and
+    nothing kept per row."""
+    if len(k.levels) != 1 or k.row_cached or not k.axes:
+        return False
+    last = len(k.domain) - 1
+    if last < 1 or last in k.axes or k.root.shape not in k.row_shapes():
+        return False
+    if any(r.op in ("argmax", "argmin") for r in k.levels[0]):
+        return False
+    return k.domain[last] * 8 <= COLUMN_ROW_BYTES
 
 
 def _signature(k: Kernel, local: dict) -> tuple | None:
@@ -641,10 +740,13 @@ def _attr_key(a):
 
 
 # Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue):
-# the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops.
+# the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops, and
+# braze's float32 math (mathlib: exp, sigmoid, tanh, erf, log on vectors too), so SiLU,
+# GELU and the like run on the registers, never as a scalar loop over the stored tile.
 REGISTER_OPS = {
     **{op: (lambda op: lambda b, x, y: binary_float(b, op, x, y))(op)
        for op in ("add", "sub", "mul", "div", "max", "min")},
+    **{op: (lambda fn: lambda b, x: fn(b, x))(fn) for op, fn in FAST_F32.items()},
     "neg": lambda b, x: b.fneg(x),
 }
 

@@ -1,5 +1,8 @@
 """Vectorizable float32 math in LLVM IR: exp, log, tanh, sigmoid, erf.
 
+Each function takes a float or a vector of floats (the register epilogue of a
+contraction applies them to whole accumulator vectors) and returns the same type.
+
 LLVM's llvm.exp/llvm.log intrinsics lower to scalar libm calls, which block the
 loop vectorizer; these are straight-line IR (no calls, no branches) that inline
 into kernels and vectorize to AVX-512. float64 keeps the libm intrinsics.
@@ -36,8 +39,45 @@ ERF_SMALL = 1.0  # Taylor series below, erfc-based formula above
 ERF_ONE = 4.0  # erf(x) rounds to 1.0f beyond this
 
 
-def _c(x: float) -> ir.Constant:
-    return ir.Constant(F32, x)
+def _vec_count(t) -> int:
+    """Lanes of a float32 vector type, 0 for the scalar float."""
+    return t.count if isinstance(t, ir.VectorType) else 0
+
+
+def _c(b: ir.IRBuilder, t, x: float):
+    """The constant x of float type t (float or a vector of floats): a vector's splat is
+    made once per function, in its entry block (a literal vector constant is `count`
+    numbers of IR text at every use; LLVM folds the splat back to a constant)."""
+    return _const(b, t, F32, float(x))
+
+
+def _ci(b: ir.IRBuilder, t, n: int):
+    """The i32 constant n, as a vector of t's lanes when t is a vector."""
+    return _const(b, t, I32, int(n))
+
+
+def _const(b: ir.IRBuilder, t, elem, value):
+    lanes = _vec_count(t)
+    if not lanes:
+        return ir.Constant(elem, value)
+    fn = b.function
+    cache = getattr(fn, "braze_math_splats", None)
+    if cache is None:
+        cache = fn.braze_math_splats = {}
+    key = (lanes, str(elem), repr(value))
+    if key not in cache:
+        vt = ir.VectorType(elem, lanes)
+        with b.goto_entry_block():
+            v = b.insert_element(ir.Constant(vt, ir.Undefined), ir.Constant(elem, value),
+                                 ir.Constant(I32, 0))
+            cache[key] = b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
+                                          ir.Constant(ir.VectorType(I32, lanes), None))
+    return cache[key]
+
+
+def _int_type(t):
+    lanes = _vec_count(t)
+    return ir.VectorType(I32, lanes) if lanes else I32
 
 
 def _fast(instr):
@@ -47,9 +87,10 @@ def _fast(instr):
 
 def _poly(b: ir.IRBuilder, x, coeffs: list[float]):
     """Horner: coeffs[0] + x * (coeffs[1] + x * (...))."""
-    acc = _c(coeffs[-1])
+    t = x.type
+    acc = _c(b, t, coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        acc = _fast(b.fadd(_fast(b.fmul(acc, x)), _c(c)))
+        acc = _fast(b.fadd(_fast(b.fmul(acc, x)), _c(b, t, c)))
     return acc
 
 
@@ -59,76 +100,80 @@ def _select_nan(b, x, result):
 
 def exp_f32(b: ir.IRBuilder, x):
     """exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2]."""
+    t = x.type
     # clamp with min/max (one instruction each; a NaN comes back as itself at the end)
-    xc = b.call(_intrinsic(b, "llvm.minnum.f32"), [x, _c(EXP_HI)])
-    xc = b.call(_intrinsic(b, "llvm.maxnum.f32"), [xc, _c(EXP_FLOOR)])
-    n = b.call(_intrinsic(b, "llvm.rint.f32"), [b.fmul(xc, _c(LOG2E))])
+    xc = b.call(_intrinsic(b, "llvm.minnum", t), [x, _c(b, t, EXP_HI)])
+    xc = b.call(_intrinsic(b, "llvm.maxnum", t), [xc, _c(b, t, EXP_FLOOR)])
+    n = b.call(_intrinsic(b, "llvm.rint", t), [b.fmul(xc, _c(b, t, LOG2E))])
     # r = x - n ln2 in two fused steps (Cody-Waite; each product rounded once, in the FMA)
-    r = _fast(b.fsub(xc, _fast(b.fmul(n, _c(LN2_HI)))))
-    r = _fast(b.fsub(r, _fast(b.fmul(n, _c(LN2_LO)))))
+    r = _fast(b.fsub(xc, _fast(b.fmul(n, _c(b, t, LN2_HI)))))
+    r = _fast(b.fsub(r, _fast(b.fmul(n, _c(b, t, LN2_LO)))))
     p = _poly(b, r, [1.0, 1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
     # 2^n as 2^n1 * 2^n2 (n1 = n >> 1): both factors stay normal for n in [-159, 128];
     # below EXP_LO the product rounds to 0 by itself (x is clamped at EXP_FLOOR)
-    ni = b.fptosi(n, I32)
-    n1 = b.ashr(ni, ir.Constant(I32, 1))
-    scaled = b.fmul(b.fmul(p, _pow2(b, n1)), _pow2(b, b.sub(ni, n1)))
-    out = b.select(b.fcmp_ordered(">", x, _c(EXP_HI)), _c(math.inf), scaled)
+    ni = b.fptosi(n, _int_type(t))
+    n1 = b.ashr(ni, _ci(b, t, 1))
+    scaled = b.fmul(b.fmul(p, _pow2(b, n1, t)), _pow2(b, b.sub(ni, n1), t))
+    out = b.select(b.fcmp_ordered(">", x, _c(b, t, EXP_HI)), _c(b, t, math.inf), scaled)
     return _select_nan(b, x, out)
 
 
-def _pow2(b: ir.IRBuilder, n):
-    """2.0f ** n for an i32 n in the normal range [-126, 127]."""
-    bits = b.shl(b.add(n, ir.Constant(I32, 127)), ir.Constant(I32, 23))
-    return b.bitcast(bits, F32)
+def _pow2(b: ir.IRBuilder, n, t):
+    """2.0f ** n for an i32 n (of t's lanes) in the normal range [-126, 127]."""
+    bits = b.shl(b.add(n, _ci(b, t, 127)), _ci(b, t, 23))
+    return b.bitcast(bits, t)
 
 
 def log_f32(b: ir.IRBuilder, x):
     """log(x) = e ln2 + 2 atanh(s), x = m 2^e, m in [sqrt(1/2), sqrt(2)), s = (m-1)/(m+1)."""
-    bits = b.bitcast(x, I32)
-    e = b.sub(b.ashr(bits, ir.Constant(I32, 23)), ir.Constant(I32, 127))
-    m = b.bitcast(b.or_(b.and_(bits, ir.Constant(I32, 0x007FFFFF)), ir.Constant(I32, 0x3F800000)),
-                  F32)
-    big = b.fcmp_ordered(">", m, _c(math.sqrt(2.0)))
-    m = b.select(big, b.fmul(m, _c(0.5)), m)
-    e = b.select(big, b.add(e, ir.Constant(I32, 1)), e)
-    s = b.fdiv(b.fsub(m, _c(1.0)), b.fadd(m, _c(1.0)))
+    t = x.type
+    bits = b.bitcast(x, _int_type(t))
+    e = b.sub(b.ashr(bits, _ci(b, t, 23)), _ci(b, t, 127))
+    m = b.bitcast(b.or_(b.and_(bits, _ci(b, t, 0x007FFFFF)), _ci(b, t, 0x3F800000)), t)
+    big = b.fcmp_ordered(">", m, _c(b, t, math.sqrt(2.0)))
+    m = b.select(big, b.fmul(m, _c(b, t, 0.5)), m)
+    e = b.select(big, b.add(e, _ci(b, t, 1)), e)
+    s = b.fdiv(b.fsub(m, _c(b, t, 1.0)), b.fadd(m, _c(b, t, 1.0)))
     s2 = b.fmul(s, s)
     series = b.fmul(s, _poly(b, s2, [2.0, 2 / 3, 2 / 5, 2 / 7, 2 / 9, 2 / 11]))
-    ef = b.sitofp(e, F32)
-    out = b.fadd(b.fadd(b.fmul(ef, _c(LN2_HI)), series), b.fmul(ef, _c(LN2_LO)))
-    out = b.select(b.fcmp_ordered("==", x, _c(0.0)), _c(-math.inf), out)
-    out = b.select(b.fcmp_ordered("<", x, _c(0.0)), _c(math.nan), out)
-    out = b.select(b.fcmp_ordered("==", x, _c(math.inf)), _c(math.inf), out)
+    ef = b.sitofp(e, t)
+    out = b.fadd(b.fadd(b.fmul(ef, _c(b, t, LN2_HI)), series), b.fmul(ef, _c(b, t, LN2_LO)))
+    out = b.select(b.fcmp_ordered("==", x, _c(b, t, 0.0)), _c(b, t, -math.inf), out)
+    out = b.select(b.fcmp_ordered("<", x, _c(b, t, 0.0)), _c(b, t, math.nan), out)
+    out = b.select(b.fcmp_ordered("==", x, _c(b, t, math.inf)), _c(b, t, math.inf), out)
     return _select_nan(b, x, out)
 
 
 def log_f32_full(b: ir.IRBuilder, x):
     """log with denormal inputs handled: log(x) = log(x * 2^23) - 23 ln2 for x < 2^-126."""
-    tiny = b.fcmp_ordered("<", x, _c(2.0 ** -126))
-    positive = b.fcmp_ordered(">", x, _c(0.0))
-    scaled = b.select(b.and_(tiny, positive), b.fmul(x, _c(2.0 ** 23)), x)
+    t = x.type
+    tiny = b.fcmp_ordered("<", x, _c(b, t, 2.0 ** -126))
+    positive = b.fcmp_ordered(">", x, _c(b, t, 0.0))
+    scaled = b.select(b.and_(tiny, positive), b.fmul(x, _c(b, t, 2.0 ** 23)), x)
     out = log_f32(b, scaled)
-    fix = b.select(b.and_(tiny, positive), _c(23 * math.log(2.0)), _c(0.0))
+    fix = b.select(b.and_(tiny, positive), _c(b, t, 23 * math.log(2.0)), _c(b, t, 0.0))
     return b.fsub(out, fix)
 
 
 def tanh_f32(b: ir.IRBuilder, x):
-    ax = b.call(_intrinsic(b, "llvm.fabs.f32"), [x])
+    t = x.type
+    ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
     x2 = b.fmul(x, x)
     small = b.fmul(x, _poly(b, x2, [1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925]))
-    e = exp_f32(b, b.fmul(ax, _c(2.0)))
-    big = b.fsub(_c(1.0), b.fdiv(_c(2.0), b.fadd(e, _c(1.0))))
-    big = b.call(_intrinsic(b, "llvm.copysign.f32"), [big, x])
-    out = b.select(b.fcmp_ordered("<", ax, _c(TANH_SMALL)), small, big)
+    e = exp_f32(b, b.fmul(ax, _c(b, t, 2.0)))
+    big = b.fsub(_c(b, t, 1.0), b.fdiv(_c(b, t, 2.0), b.fadd(e, _c(b, t, 1.0))))
+    big = b.call(_intrinsic(b, "llvm.copysign", t), [big, x])
+    out = b.select(b.fcmp_ordered("<", ax, _c(b, t, TANH_SMALL)), small, big)
     return _select_nan(b, x, out)
 
 
 def sigmoid_f32(b: ir.IRBuilder, x):
-    ax = b.call(_intrinsic(b, "llvm.fabs.f32"), [x])
-    e = exp_f32(b, b.fsub(_c(0.0), ax))  # e = exp(-|x|) in (0, 1]
-    pos = b.fdiv(_c(1.0), b.fadd(_c(1.0), e))
-    neg = b.fdiv(e, b.fadd(_c(1.0), e))
-    out = b.select(b.fcmp_ordered("<", x, _c(0.0)), neg, pos)
+    t = x.type
+    ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
+    e = exp_f32(b, b.fsub(_c(b, t, 0.0), ax))  # e = exp(-|x|) in (0, 1]
+    pos = b.fdiv(_c(b, t, 1.0), b.fadd(_c(b, t, 1.0), e))
+    neg = b.fdiv(e, b.fadd(_c(b, t, 1.0), e))
+    out = b.select(b.fcmp_ordered("<", x, _c(b, t, 0.0)), neg, pos)
     return _select_nan(b, x, out)
 
 
@@ -138,27 +183,31 @@ _AS_A = [0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429]
 
 
 def erf_f32(b: ir.IRBuilder, x):
-    ax = b.call(_intrinsic(b, "llvm.fabs.f32"), [x])
+    t = x.type
+    ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
     x2 = b.fmul(x, x)
     # erf(x) = 2/sqrt(pi) sum (-1)^n x^(2n+1) / (n! (2n+1)), n = 0..10
     coeffs = [(-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(11)]
-    small = b.fmul(b.fmul(x, _c(2 / math.sqrt(math.pi))), _poly(b, x2, coeffs))
-    t = b.fdiv(_c(1.0), b.fadd(_c(1.0), b.fmul(ax, _c(_AS_P))))
-    erfc = b.fmul(b.fmul(t, _poly(b, t, _AS_A)), exp_f32(b, b.fsub(_c(0.0), x2)))
-    big = b.call(_intrinsic(b, "llvm.copysign.f32"), [b.fsub(_c(1.0), erfc), x])
-    out = b.select(b.fcmp_ordered("<", ax, _c(ERF_SMALL)), small, big)
-    out = b.select(b.fcmp_ordered(">=", ax, _c(ERF_ONE)),
-                   b.call(_intrinsic(b, "llvm.copysign.f32"), [_c(1.0), x]), out)
+    small = b.fmul(b.fmul(x, _c(b, t, 2 / math.sqrt(math.pi))), _poly(b, x2, coeffs))
+    tt = b.fdiv(_c(b, t, 1.0), b.fadd(_c(b, t, 1.0), b.fmul(ax, _c(b, t, _AS_P))))
+    erfc = b.fmul(b.fmul(tt, _poly(b, tt, _AS_A)), exp_f32(b, b.fsub(_c(b, t, 0.0), x2)))
+    big = b.call(_intrinsic(b, "llvm.copysign", t), [b.fsub(_c(b, t, 1.0), erfc), x])
+    out = b.select(b.fcmp_ordered("<", ax, _c(b, t, ERF_SMALL)), small, big)
+    out = b.select(b.fcmp_ordered(">=", ax, _c(b, t, ERF_ONE)),
+                   b.call(_intrinsic(b, "llvm.copysign", t), [_c(b, t, 1.0), x]), out)
     return _select_nan(b, x, out)
 
 
-def _intrinsic(b: ir.IRBuilder, name: str):
+def _intrinsic(b: ir.IRBuilder, name: str, t=F32):
+    """The LLVM intrinsic `name` (e.g. "llvm.fabs") on float type t (float or vector)."""
+    lanes = _vec_count(t)
+    full = f"{name}.v{lanes}f32" if lanes else f"{name}.f32"
     module = b.module
     try:
-        return module.get_global(name)
+        return module.get_global(full)
     except KeyError:
-        arity = 2 if name.startswith(("llvm.copysign", "llvm.minnum", "llvm.maxnum")) else 1
-        return ir.Function(module, ir.FunctionType(F32, [F32] * arity), name)
+        arity = 2 if name in ("llvm.copysign", "llvm.minnum", "llvm.maxnum") else 1
+        return ir.Function(module, ir.FunctionType(t, [t] * arity), full)
 
 
 FAST_F32 = {"exp": exp_f32, "log": log_f32_full, "tanh": tanh_f32, "sigmoid": sigmoid_f32,

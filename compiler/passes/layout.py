@@ -1,6 +1,6 @@
 """Channels-last layout for conv chains: NCHW at the graph's edges, NHWC inside.
 
-braze's conv kernel (compiler/kernels/conv.py) reads activations as N,H,W,C:
+braze's conv kernels (compiler/kernels/conv.py, grouped.py) read activations as N,H,W,C:
 the channels a pixel contributes are contiguous, and its output channels are
 the vector lanes. This pass sets `layout="NHWC"` on every conv and pool the
 target compiles that way, with a transpose on each side, then moves those
@@ -32,6 +32,7 @@ from compiler.passes.rules import Context, Rule, apply_rules, const_value, new_c
 
 TO_LAST = (0, 2, 3, 1)  # N,C,H,W -> N,H,W,C
 TO_FIRST = (0, 3, 1, 2)  # N,H,W,C -> N,C,H,W
+RANKS = (3, 4)  # 1-d windows (N,C,W <-> N,W,C) and 2-d ones
 WINDOWED = ("conv", "max_pool", "avg_pool")
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 # Rounds of (layout rules, identities) before giving up on a fixed point; a ResNet
@@ -39,16 +40,30 @@ REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 MAX_ROUNDS = 16
 
 
+def to_last(rank: int) -> tuple:
+    """The perm N,C,spatial... -> N,spatial...,C (TO_LAST for rank 4)."""
+    return (0,) + tuple(range(2, rank)) + (1,)
+
+
+def to_first(rank: int) -> tuple:
+    """The perm N,spatial...,C -> N,C,spatial... (TO_FIRST for rank 4)."""
+    return (0, rank - 1) + tuple(range(1, rank - 1))
+
+
 def _is_first(v: Value) -> bool:
-    """Whether v is transpose(a, TO_FIRST) of a 4-d a (an NHWC value seen as NCHW)."""
+    """Whether v is transpose(a, to_first) of a 3-d or 4-d a (a channels-last value seen
+    channels-first)."""
     p = v.producer
-    return p is not None and p.op == "transpose" and tuple(p.attrs["perm"]) == TO_FIRST
+    if p is None or p.op != "transpose":
+        return False
+    perm = tuple(p.attrs["perm"])
+    return len(perm) in RANKS and perm == to_first(len(perm))
 
 
 def _check_convert(eligible: Callable[[Node], str | None]):
     def check(node: Node, ctx: Context):
-        if node.attrs["layout"] != "NCHW" or len(node.inputs[0].shape) != 4:
-            return "not a 2-d NCHW conv or pool"
+        if node.attrs["layout"] != "NCHW" or len(node.inputs[0].shape) not in RANKS:
+            return "not a 1-d or 2-d NCHW conv or pool"
         return eligible(node) or node
     return check
 
@@ -61,44 +76,48 @@ PREPAD_MAX_CHANNELS = 16
 
 def _rewrite_convert(graph: Graph, node: Node, _match) -> Value:
     at = graph.nodes.index(node)
-    x = graph.add_node("transpose", [node.inputs[0]], {"perm": TO_LAST}, index=at).output
+    rank = len(node.inputs[0].shape)
+    x = graph.add_node("transpose", [node.inputs[0]], {"perm": to_last(rank)}, index=at).output
     attrs = {**node.attrs, "layout": "NHWC"}
     pads = tuple(attrs["pads"])
-    if node.op == "conv" and x.shape[3] < PREPAD_MAX_CHANNELS and any(pads) \
-            and tuple(attrs["dilations"]) == (1, 1):
+    if node.op == "conv" and rank == 4 and x.shape[3] < PREPAD_MAX_CHANNELS and any(pads) \
+            and tuple(attrs["dilations"]) == (1, 1) and attrs["group"] == 1:
         at += 1
         x = graph.add_node("pad", [x], {"pads": (0, pads[0], pads[1], 0, 0, pads[2], pads[3], 0),
                                          "mode": "constant", "value": 0.0}, index=at).output
         attrs["pads"] = (0, 0, 0, 0)
     y = graph.add_node(node.op, [x] + node.inputs[1:], attrs, name=node.name,
                        index=at + 1).output
-    return graph.add_node("transpose", [y], {"perm": TO_FIRST}, index=at + 2).output
+    return graph.add_node("transpose", [y], {"perm": to_first(rank)}, index=at + 2).output
 
 
 def _check_sink_elementwise(node: Node, ctx: Context):
     out = node.outputs[0]
-    if len(out.shape) != 4:
-        return "not a 4-d result"
-    if not any(_is_first(u) for u in node.inputs):
+    rank = len(out.shape)
+    if rank not in RANKS:
+        return "not a 3-d or 4-d result"
+    if not any(_is_first(u) and len(u.shape) == rank for u in node.inputs):
         return "no operand is a channels-last value"
     for u in node.inputs:
-        if not (_is_first(u) or (const_value(u) is not None and len(u.shape) <= 4)):
+        if not ((_is_first(u) and len(u.shape) == rank)
+                or (const_value(u) is not None and len(u.shape) <= rank)):
             return f"%{u.name} is neither channels-last nor a constant"
     return node
 
 
-def _to_last_const(graph: Graph, before: Node, v: Value) -> Value:
+def _to_last_const(graph: Graph, before: Node, v: Value, rank: int) -> Value:
     arr = np.asarray(const_value(v))
-    arr = arr.reshape((1,) * (4 - arr.ndim) + arr.shape)
-    return new_const(graph, before, np.ascontiguousarray(arr.transpose(TO_LAST)), v.name)
+    arr = arr.reshape((1,) * (rank - arr.ndim) + arr.shape)
+    return new_const(graph, before, np.ascontiguousarray(arr.transpose(to_last(rank))), v.name)
 
 
 def _rewrite_sink_elementwise(graph: Graph, node: Node, _match) -> Value:
-    ins = [u.producer.inputs[0] if _is_first(u) else _to_last_const(graph, node, u)
+    rank = len(node.outputs[0].shape)
+    ins = [u.producer.inputs[0] if _is_first(u) else _to_last_const(graph, node, u, rank)
            for u in node.inputs]
     at = graph.nodes.index(node)
     y = graph.add_node(node.op, ins, dict(node.attrs), name=node.name, index=at).output
-    return graph.add_node("transpose", [y], {"perm": TO_FIRST}, index=at + 1).output
+    return graph.add_node("transpose", [y], {"perm": to_first(rank)}, index=at + 1).output
 
 
 def _check_sink_reduce(node: Node, ctx: Context):
@@ -111,11 +130,12 @@ def _check_sink_reduce(node: Node, ctx: Context):
 
 def _rewrite_sink_reduce(graph: Graph, node: Node, _match) -> Value:
     a = node.inputs[0].producer.inputs[0]
-    axes = tuple(sorted(TO_FIRST[d] for d in node.attrs["axes"]))
+    perm = to_first(len(a.shape))
+    axes = tuple(sorted(perm[d] for d in node.attrs["axes"]))
     at = graph.nodes.index(node)
     y = graph.add_node(node.op, [a], {**node.attrs, "axes": axes}, name=node.name,
                        index=at).output
-    return graph.add_node("transpose", [y], {"perm": TO_FIRST}, index=at + 1).output
+    return graph.add_node("transpose", [y], {"perm": perm}, index=at + 1).output
 
 
 def _elementwise_ops() -> frozenset:

@@ -81,7 +81,14 @@ def test_what_braze_does_not_compile_says_why():
     g = _conv_graph((1, 5, 5, 4), rng.standard_normal((8, 2, 3, 3)).astype(np.float32), None,
                     (1, 1), (1, 1, 1, 1), (1, 1), group=2)
     conv = next(n for n in g.nodes if n.op == "conv")
-    assert "group 2" in supports(conv)
+    assert supports(conv) is None  # grouped convs compile (compiler/kernels/grouped.py)
+    grouped = parse_graph("""
+graph c(%x: f32[1,5,5,4], %w: f32[8,2,3,3]) -> (%y) {
+  %y = conv(%x, %w) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=2, layout="NHWC"} : f32[1,3,3,8]
+}
+""")
+    node = next(n for n in grouped.nodes if n.op == "conv")
+    assert "%w is not a constant" in supports(node)
     nchw = parse_graph("""
 graph c(%x: f32[1,4,5,5], %w: f32[8,4,3,3]) -> (%y) {
   %y = conv(%x, %w) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1} : f32[1,8,3,3]

@@ -1,0 +1,415 @@
+"""Grouped and depthwise convolution, channels-last, vectorized over output channels.
+
+    Y[p, o] = bias[o] + sum over (kh, kw, j < Cg) of X[pixel(p, kh, kw), g(o) * Cg + j]
+                                                     * W[o, j, kh, kw]
+    g(o) = o // Mg        (Cg = Cin / group input and Mg = Cout / group output channels)
+
+A depthwise conv (group == Cin) is the case Cg = 1 (Mg is its channel multiplier). The
+output channels are cut into vectors of `width` lanes, and for each window tap and each
+j < Cg, lane o needs input channel g(o) * Cg + j:
+
+- "broadcast" (Mg % width == 0: a vector lies inside one group): that channel is one
+  scalar, splatted (the GEMM micro-kernel's broadcast, one row per output pixel);
+- "shuffle" (width % Mg == 0: a vector holds whole groups): the `span` = width / Mg * Cg
+  input channels its groups read are loaded once per pixel and tap, and each j is a
+  constant shuffle of them, lane o <- (o // Mg) * Cg + j. For a depthwise conv with
+  multiplier 1 the span is one vector and the shuffle the identity: one load and one FMA
+  per lane of output per tap, the whole vector useful, whatever the group width.
+
+`width` is the target's vector width (`vec` floats: gemm.Tile.vec), halved until one of the
+two holds and a shuffle's span is at most MAX_SPAN_VECTORS vectors (a group width of 24
+runs on 8-lane vectors; one of 3 on scalars).
+
+Register blocking: TILE output pixels along a row times one vector: TILE accumulators,
+each weight vector loaded once per tile and tap; at stride 1 a tile's input columns
+overlap from tap to tap and LLVM keeps each one loaded once. Work items are (image,
+output row, CHUNK vectors of channels). Padding costs no test in the inner loops: the
+window rows inside the image are a range computed once per output row, and the output
+columns are split at compile time into a left border, the interior (whole windows, tiles
+of TILE) and a right border (pixel by pixel, only the taps inside the image). The last
+vector of a channel count that is not a multiple of the width loads and stores under a
+mask. The epilogue runs on the registers (`apply`) for whole `vec`-wide vectors, else
+in place after the store (`after`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+from llvmlite import ir
+
+from compiler.codegen.lowering import counted_loop
+from compiler.kernels.gemm import F32, I32, I64, PTR
+
+# Output pixels per register tile: TILE accumulators, plus a weight vector and a tile's
+# loads, inside AVX-512's 32 registers.
+TILE = 8
+# Vectors of channels per work item: enough items to share among threads even on a 7x7
+# map, few enough that one item's weights stay in L1 (CHUNK * 49 taps * 64 B for 7x7).
+CHUNK = 4
+# A shuffle reads at most this many vectors of input channels per pixel and tap.
+MAX_SPAN_VECTORS = 4
+# The j < Cg loop is unrolled up to this many channels, a runtime loop past it.
+UNROLL_CG = 8
+
+
+def refusal(node) -> str | None:
+    """None if this kernel runs the channels-last conv `node` (group > 1), else why not."""
+    x = node.inputs[0]
+    if node.attrs["group"] == 1:
+        return "group 1: an implicit GEMM (conv.py) or Winograd"
+    if x.dtype != "f32":
+        return f"dtype {x.dtype}: braze's grouped conv kernel is float32 only"
+    if len(x.shape) not in (3, 4):
+        return f"{len(x.shape) - 2}-d windows: braze compiles 1-d and 2-d ones"
+    for v in node.inputs[1:]:
+        if v.producer is None or v.producer.op != "const":
+            return f"%{v.name} is not a constant (the weight is packed at compile time)"
+    return None
+
+
+def choose_width(mg: int, cg: int, vec: int) -> tuple[int, str]:
+    """(vector width, "broadcast" or "shuffle") for groups of Mg outputs and Cg inputs on
+    a target of `vec` float lanes (see the module docstring)."""
+    width = vec
+    while width > 1:
+        if mg % width == 0:
+            return width, "broadcast"
+        if width % mg == 0 and width // mg * cg <= MAX_SPAN_VECTORS * vec:
+            return width, "shuffle"
+        width //= 2
+    return 1, "broadcast"
+
+
+@dataclass(frozen=True)
+class GroupedShape:
+    n: int
+    h: int
+    w: int
+    cin: int
+    oh: int
+    ow: int
+    cout: int
+    kh: int
+    kw: int
+    strides: tuple
+    pads: tuple  # top, left
+    dilations: tuple
+    group: int
+    width: int
+    mode: str
+    vec: int  # the target's vector width (the register epilogue's)
+
+    @classmethod
+    def of(cls, node, vec: int) -> GroupedShape:
+        """The shape of an NHWC (or NWC: a 1-d conv is one row) grouped conv node."""
+        x, w = node.inputs[:2]
+        y = node.outputs[0]
+        a = node.attrs
+        g = a["group"]
+        if len(x.shape) == 3:  # N,W,C: a 2-d conv of height 1
+            sizes = (1, x.shape[1], 1, y.shape[1], 1, w.shape[2])
+            strides, dil = (1, a["strides"][0]), (1, a["dilations"][0])
+            pads = (0, a["pads"][0])
+        else:
+            sizes = (x.shape[1], x.shape[2], y.shape[1], y.shape[2], w.shape[2], w.shape[3])
+            strides, dil = tuple(a["strides"]), tuple(a["dilations"])
+            pads = tuple(a["pads"][:2])
+        h, wd, oh, ow, kh, kw = sizes
+        width, mode = choose_width(w.shape[0] // g, x.shape[-1] // g, vec)
+        return cls(x.shape[0], h, wd, x.shape[-1], oh, ow, y.shape[-1], kh, kw, strides,
+                   pads, dil, g, width, mode, vec)
+
+    @property
+    def cg(self) -> int:
+        return self.cin // self.group
+
+    @property
+    def mg(self) -> int:
+        return self.cout // self.group
+
+    @property
+    def span(self) -> int:
+        """Input channels one vector reads per pixel and tap (shuffle mode)."""
+        return self.width // self.mg * self.cg
+
+    @property
+    def vectors(self) -> int:
+        return -(-self.cout // self.width)
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.vectors // CHUNK)
+
+    @property
+    def items(self) -> int:
+        return self.n * self.oh * self.chunks
+
+    @property
+    def macs(self) -> int:
+        return self.n * self.oh * self.ow * self.cout * self.kh * self.kw * self.cg
+
+    def interior(self) -> tuple[int, int]:
+        """[lo, hi): the output columns whose windows lie inside the image's width."""
+        sw, pl, dw = self.strides[1], self.pads[1], self.dilations[1]
+        lo = -(-pl // sw)
+        last = self.w - 1 + pl - (self.kw - 1) * dw  # ow * sw <= last
+        hi = last // sw + 1 if last >= 0 else 0
+        lo, hi = min(lo, self.ow), min(max(hi, 0), self.ow)
+        return (lo, hi) if lo < hi else (self.ow, self.ow)
+
+    def taps_inside(self, ow: int) -> list[int]:
+        """The kw whose input column is inside the image for output column `ow`."""
+        x0 = ow * self.strides[1] - self.pads[1]
+        return [k for k in range(self.kw) if 0 <= x0 + k * self.dilations[1] < self.w]
+
+
+def plan(node, vec: int) -> GroupedShape:
+    """The kernel's shape for `node` on a target of `vec` float lanes (gemm.Tile.vec)."""
+    return GroupedShape.of(node, vec)
+
+
+def pack_weight(w: np.ndarray, width: int) -> np.ndarray:
+    """W[o, j, kh, kw] -> [vector][kh][kw][j][lane], o = vector * width + lane, zero past
+    Cout (a 1-d conv's W[o, j, kw] as kh = 1)."""
+    if w.ndim == 3:
+        w = w[:, :, None, :]
+    co, cg, kh, kw = w.shape
+    vectors = -(-co // width)
+    w = w.astype(np.float32, copy=False)
+    if vectors * width != co:
+        w = np.concatenate([w, np.zeros((vectors * width - co, cg, kh, kw), np.float32)])
+    return np.ascontiguousarray(w.reshape(vectors, width, cg, kh, kw).transpose(0, 3, 4, 2, 1))
+
+
+def pack_bias(bias: np.ndarray, width: int) -> np.ndarray:
+    """bias[o], zero-padded to whole vectors."""
+    out = np.zeros(-(-bias.size // width) * width, np.float32)
+    out[:bias.size] = bias
+    return out
+
+
+# -- code ---------------------------------------------------------------------------
+
+def _i64(n: int) -> ir.Constant:
+    return ir.Constant(I64, int(n))
+
+
+def _as_i64(j):
+    """An int as an i64 constant; an LLVM value as it is."""
+    return _i64(j) if isinstance(j, int) else j
+
+
+def _vec(width: int) -> ir.VectorType:
+    return ir.VectorType(F32, width)
+
+
+def _fma(b: ir.IRBuilder, width: int):
+    name = f"llvm.fma.v{width}f32"
+    try:
+        return b.module.get_global(name)
+    except KeyError:
+        t = _vec(width)
+        return ir.Function(b.module, ir.FunctionType(t, [t, t, t]), name)
+
+
+def _splat(b: ir.IRBuilder, x, width: int):
+    v = b.insert_element(ir.Constant(_vec(width), ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(_vec(width), ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, width), None))
+
+
+def _mask(lanes: int, valid: int) -> ir.Constant:
+    return ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * valid + [0] * (lanes - valid))
+
+
+def _masked(b: ir.IRBuilder, op: str, lanes: int) -> ir.Function:
+    """llvm.masked.load / llvm.masked.store on `lanes` floats (LLVM 22's form: no alignment
+    argument)."""
+    name = f"llvm.masked.{op}.v{lanes}f32.p0"
+    try:
+        return b.module.get_global(name)
+    except KeyError:
+        t, m = _vec(lanes), ir.VectorType(ir.IntType(1), lanes)
+        sig = ir.FunctionType(t, [PTR, m, t]) if op == "load" else \
+            ir.FunctionType(ir.VoidType(), [t, PTR, m])
+        return ir.Function(b.module, sig, name)
+
+
+def _load_lanes(b: ir.IRBuilder, ptr, lanes: int, valid: int):
+    """A vector of `lanes` floats at ptr, of which only the first `valid` are read (the
+    rest are zero): a plain vector load when all are valid, else a masked one."""
+    t = _vec(lanes)
+    if valid >= lanes:
+        return b.load(ptr, typ=t, align=4)
+    return b.call(_masked(b, "load", lanes), [ptr, _mask(lanes, valid), ir.Constant(t, None)])
+
+
+def _store_lanes(b: ir.IRBuilder, vec, ptr, lanes: int, valid: int) -> None:
+    if valid >= lanes:
+        b.store(vec, ptr, align=4)
+        return
+    b.call(_masked(b, "store", lanes), [vec, ptr, _mask(lanes, valid)])
+
+
+@dataclass
+class _Row:
+    """What one work item's code shares: its output row and its vector of channels."""
+    n: ir.Value
+    oh: ir.Value
+    y0: ir.Value  # the window's top input row (may be negative: padding)
+    kh_lo: ir.Value  # window rows [kh_lo, kh_hi) lie inside the image
+    kh_hi: ir.Value
+    v: ir.Value = None  # the channel vector
+    valid: int = 0  # its lanes below Cout (the width but in the last vector)
+
+
+def emit_item(b: ir.IRBuilder, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, item,
+              apply=None, after=None) -> None:
+    """Compute work item `item`: one output row's pixels for CHUNK vectors of channels.
+    `apply(b, vec, off, col) -> vec` (the epilogue on an `s.vec`-lane vector of output
+    element offset `off`, channel `col`) and `after(b, pixel, col0, cols)` (the epilogue
+    in place over a pixel's stored channels), either may be None."""
+    emitter = _Emitter(b, s, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after)
+    chunk = b.urem(item, _i64(s.chunks))
+    row = b.udiv(item, _i64(s.chunks))
+    row_ctx = emitter.row(b.udiv(row, _i64(s.oh)), b.urem(row, _i64(s.oh)))
+    first = b.mul(chunk, _i64(CHUNK))
+    full = s.cout // s.width  # vectors with every lane below Cout
+    end = b.add(first, _i64(CHUNK))
+    end = b.select(b.icmp_signed("<", end, _i64(full)), end, _i64(full))
+    counted_loop(b, first, end, lambda b, v: emitter.vector(row_ctx, v, s.width))
+    tail = s.cout - full * s.width
+    if tail:
+        with b.if_then(b.icmp_unsigned("==", chunk, _i64(s.chunks - 1))):
+            emitter.vector(row_ctx, _i64(full), tail)
+
+
+class _Emitter:
+    """Emits one work item's code (see emit_item); the pieces are its methods."""
+
+    def __init__(self, b, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after):
+        self.b, self.s = b, s
+        self.x, self.w, self.bias, self.y = x_ptr, w_ptr, bias_ptr, y_ptr
+        self.apply = apply if s.width == s.vec else None
+        self.after = after
+        self.fma = _fma(b, s.width)
+
+    def row(self, n, oh) -> _Row:
+        """The row's window top and its range of window rows inside the image."""
+        b, s = self.b, self.s
+        dh = s.dilations[0]
+        y0 = b.sub(b.mul(oh, _i64(s.strides[0])), _i64(s.pads[0]))
+        # first kh with y0 + kh * dh >= 0: ceil(-y0 / dh) when y0 < 0
+        neg = b.sub(_i64(0), y0)
+        lo = b.sdiv(b.add(neg, _i64(dh - 1)), _i64(dh))
+        lo = b.select(b.icmp_signed("<", y0, _i64(0)), lo, _i64(0))
+        # one past the last kh with y0 + kh * dh <= H - 1
+        room = b.sub(_i64(s.h - 1), y0)
+        hi = b.add(b.sdiv(room, _i64(dh)), _i64(1))
+        hi = b.select(b.icmp_signed("<", room, _i64(0)), _i64(0), hi)
+        hi = b.select(b.icmp_signed(">", hi, _i64(s.kh)), _i64(s.kh), hi)
+        lo = b.select(b.icmp_signed(">", lo, hi), hi, lo)
+        return _Row(n, oh, y0, lo, hi)
+
+    def vector(self, row: _Row, v, valid: int) -> None:
+        """All output columns of the row for channel vector v (`valid` lanes)."""
+        s = self.s
+        row = _Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, valid)
+        lo, hi = s.interior()
+        for ow in range(0, lo):
+            self.pixels(row, _i64(ow), [s.taps_inside(ow)])
+        tiles, rest = divmod(hi - lo, TILE)
+        all_taps = list(range(s.kw))
+        if tiles:
+            counted_loop(self.b, _i64(0), _i64(tiles), lambda b, t: self.pixels(
+                row, b.add(_i64(lo), b.mul(t, _i64(TILE))), [all_taps] * TILE))
+        if rest:
+            self.pixels(row, _i64(lo + tiles * TILE), [all_taps] * rest)
+        for ow in range(max(hi, lo), s.ow):
+            self.pixels(row, _i64(ow), [s.taps_inside(ow)])
+
+    def pixels(self, row: _Row, ow0, taps: list[list[int]]) -> None:
+        """Output pixels ow0, ow0 + 1, ... (one per entry of `taps`, the kw each reads)
+        of the row, for its channel vector: accumulate, add the bias, store, epilogue."""
+        b, s = self.b, self.s
+        count = len(taps)
+        t = _vec(s.width)
+        with b.goto_entry_block():
+            accs = [b.alloca(t) for _ in range(count)]
+        for a in accs:
+            b.store(ir.Constant(t, None), a)
+        col0 = b.sub(b.mul(ow0, _i64(s.strides[1])), _i64(s.pads[1]))
+        counted_loop(b, row.kh_lo, row.kh_hi,
+                     lambda b, kh: self._window_row(row, kh, col0, taps, accs))
+        self._finish(row, ow0, [b.load(a, typ=t) for a in accs])
+
+    def _window_row(self, row: _Row, kh, col0, taps, accs) -> None:
+        """acc[p] += sum over kw in taps[p], j < Cg of input * weight, window row kh: j
+        unrolled (always in shuffle mode: a shuffle's lanes are constants), or a loop."""
+        s = self.s
+        if s.mode == "shuffle" or s.cg <= UNROLL_CG:
+            self._taps(row, kh, col0, taps, accs, range(s.cg))
+        else:
+            counted_loop(self.b, _i64(0), _i64(s.cg),
+                         lambda b, j: self._taps(row, kh, col0, taps, accs, [j]))
+
+    def _taps(self, row: _Row, kh, col0, taps, accs, js) -> None:
+        """The FMAs of window row kh for the input channels j in js (ints, or one i64)."""
+        b, s = self.b, self.s
+        t = _vec(s.width)
+        iy = b.add(row.y0, b.mul(kh, _i64(s.dilations[0])))
+        line = b.mul(b.add(b.mul(row.n, _i64(s.h)), iy), _i64(s.w))  # pixel index of x=0
+        wrow = b.mul(b.add(b.mul(row.v, _i64(s.kh)), kh), _i64(s.kw))  # (v, kh, 0)
+        vals = [b.load(a, typ=t) for a in accs]
+        for j in js:
+            for p, kws in enumerate(taps):
+                for kw in kws:
+                    pixel = b.add(line, b.add(col0, _i64(p * s.strides[1]
+                                                         + kw * s.dilations[1])))
+                    wk = b.add(b.mul(b.add(wrow, _i64(kw)), _i64(s.cg)), _as_i64(j))
+                    wvec = b.load(b.gep(self.w, [b.mul(wk, _i64(s.width))],
+                                        source_etype=F32, inbounds=True), typ=t, align=4)
+                    vals[p] = b.call(self.fma, [self._input(row, pixel, j), wvec, vals[p]])
+        for p, a in enumerate(accs):
+            b.store(vals[p], a)
+
+    def _input(self, row: _Row, pixel, j):
+        """The vector whose lane o holds X[pixel, g(o) * Cg + j] (j: an int in shuffle
+        mode, an i64 in broadcast mode)."""
+        b, s = self.b, self.s
+        if s.mode == "broadcast":
+            group = b.udiv(row.v, _i64(s.mg // s.width))
+            ch = b.add(b.add(b.mul(pixel, _i64(s.cin)), b.mul(group, _i64(s.cg))), _as_i64(j))
+            x = b.load(b.gep(self.x, [ch], source_etype=F32, inbounds=True), typ=F32)
+            return _splat(b, x, s.width)
+        start = b.add(b.mul(pixel, _i64(s.cin)), b.mul(row.v, _i64(s.span)))
+        ptr = b.gep(self.x, [start], source_etype=F32, inbounds=True)
+        valid = s.span if row.valid == s.width else row.valid // s.mg * s.cg
+        span = _load_lanes(b, ptr, s.span, valid)
+        mask = [(o // s.mg) * s.cg + j for o in range(s.width)]
+        if mask == list(range(s.span)):
+            return span
+        return b.shuffle_vector(span, ir.Constant(_vec(s.span), ir.Undefined),
+                                ir.Constant(ir.VectorType(I32, s.width), mask))
+
+    def _finish(self, row: _Row, ow0, vals: list) -> None:
+        """Bias, the register epilogue, the store and the in-place epilogue of the
+        pixels ow0, ow0 + 1, ... for the row's channel vector."""
+        b, s = self.b, self.s
+        col = b.mul(row.v, _i64(s.width))
+        if self.bias is not None:
+            bvec = b.load(b.gep(self.bias, [col], source_etype=F32, inbounds=True),
+                          typ=_vec(s.width), align=4)
+            vals = [b.fadd(x, bvec) for x in vals]
+        first = b.add(b.mul(b.add(b.mul(row.n, _i64(s.oh)), row.oh), _i64(s.ow)), ow0)
+        for p, x in enumerate(vals):
+            pixel = b.add(first, _i64(p))
+            off = b.add(b.mul(pixel, _i64(s.cout)), col)
+            whole = row.valid == s.width
+            if self.apply is not None and whole:
+                x = self.apply(b, x, off, col)
+            _store_lanes(b, x, b.gep(self.y, [off], source_etype=F32, inbounds=True),
+                         s.width, row.valid)
+            if self.after is not None and not (self.apply is not None and whole):
+                self.after(b, pixel, col, _i64(row.valid))
