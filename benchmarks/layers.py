@@ -3,7 +3,7 @@
     python -m benchmarks.layers [--batch 1] [--threads 2] [--rounds 20] [--update-results]
 
 ResNet-50 (benchmarks.resnet50's model, exported to ONNX) is compiled by
-`bridge.compile_onnx`; `CompiledGraph.profile` times every kernel of the one
+`bridge.compile_onnx`; `CpuStep.profile` (runtime/cpu.py) times every kernel of the one
 executable in place (a copy of its code that reads the cycle counter between
 kernels), so each layer sees the caches and memory traffic it has in the model.
 GFLOP/s count a direct convolution's 2 * multiply-adds (a Winograd layer does fewer
@@ -41,6 +41,7 @@ def fma_peak_gflops(threads: int) -> float:
 
     from compiler.codegen import llvm_cpu
     from compiler.kernels.gemm import F32, I64, V16, _fma, _i64, _phi_loop
+    from runtime.cpu import JitModule
 
     module = ir.Module("peak")
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
@@ -55,7 +56,7 @@ def fma_peak_gflops(threads: int) -> float:
         total = b.fadd(total, a)
     b.store(total, fn.args[0], align=4)
     b.ret_void()
-    jit = llvm_cpu.JitModule(object_code=llvm_cpu.compile_ir(str(module)))
+    jit = JitModule(object_code=llvm_cpu.compile_ir(str(module)))
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(jit.address("peak"))
     bufs = [np.full(32, 0.5, np.float32) for _ in range(threads)]
     run(bufs[0].ctypes.data)  # warm

@@ -115,8 +115,9 @@ def first_refusal(clusters: list[Cluster]) -> str | None:
 
 
 def compile_cluster(sub: Graph, target: str, threads: int):
-    """braze's kernels for a compiled cluster's sub-graph (a CompiledGraph; on "cuda", a
-    runtime.cuda.CudaStep running PTX for the current device)."""
+    """braze's kernels for a compiled cluster's sub-graph, loaded to run: a
+    runtime.cpu.CpuStep (on "cuda", a runtime.cuda.CudaStep running PTX for the current
+    device)."""
     from compiler.codegen import compile_graph
 
     if target == "cuda":
@@ -124,7 +125,9 @@ def compile_cluster(sub: Graph, target: str, threads: int):
 
         return CudaStep(compile_graph(sub, target=target, cache=compile_cache(),
                                       arch=device_arch()))
-    return compile_graph(sub, target=target, threads=threads, cache=compile_cache())
+    from runtime.cpu import CpuStep
+
+    return CpuStep(compile_graph(sub, target=target, cache=compile_cache()), threads)
 
 
 def host_step(sub: Graph, threads: int, opset: int):
@@ -163,7 +166,7 @@ class _Specialization:
         self.shapes, self.values = shapes, values
         self.graph = imported.graph
         self.opset = imported.opset
-        # per cluster, in step order: (sub-graph, its CompiledGraph or None for the host);
+        # per cluster, in step order: (sub-graph, its CpuStep or None for the host);
         # what save() writes
         self.parts: list[tuple[Graph, object]] = []
         self.input_names = imported.input_names  # the model inputs the executable takes

@@ -370,8 +370,9 @@ def _make_step(cluster, graph, host_ops: dict, runner: GraphRunner):
         return TorchHostStep(sub, host_ops)
     try:
         from compiler.codegen import compile_graph
+        from runtime.cpu import CpuStep
 
-        compiled = compile_graph(sub, target=runner.opts.target, threads=runner.opts.threads)
+        compiled = CpuStep(compile_graph(sub, target=runner.opts.target), runner.opts.threads)
     except Exception as e:
         if runner.opts.strict:
             raise

@@ -24,7 +24,7 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.codegen import nvptx
-from compiler.codegen.compiled import ALIGN
+from compiler.codegen.memory import ALIGN
 from compiler.errors import BrazeError, InputError
 
 

@@ -3,8 +3,9 @@
 `supports(node, target)` is the one registry that decides compile-or-fallback
 per node (inductor's lowerings/make_fallback): None when braze's codegen emits
 the node, else the sentence saying why not. `compile_graph` turns a cluster's
-sub-graph into a CompiledGraph (compiler/codegen/compiled.py) for the CPU, or a
-CudaProgram (PTX: compiler/codegen/cuda.py; runtime/cuda.py runs it) for "cuda".
+sub-graph into data for the runtime: a CpuProgram (object code and memory plan:
+compiler/codegen/compiled.py; runtime/cpu.py runs it) for the CPU, or a CudaProgram
+(PTX: compiler/codegen/cuda.py; runtime/cuda.py runs it) for "cuda".
 """
 
 from __future__ import annotations
@@ -65,12 +66,11 @@ def channels_last_refusal(node: Node, target: str = "cpu") -> str | None:
     return conv.refusal(node)
 
 
-def compile_graph(subgraph: Graph, target: str = "cpu", threads: int = 2, cache=None,
-                  arch: str | None = None):
-    """Compile a cluster's sub-graph into a CompiledGraph (`.run(arrays) -> arrays`), or for
-    target "cuda" into a CudaProgram (PTX for `arch`, default sm_80; needs no GPU).
+def compile_graph(subgraph: Graph, target: str = "cpu", cache=None, arch: str | None = None):
+    """Compile a cluster's sub-graph into a CpuProgram (object code and memory plan; run it
+    with runtime.cpu.CpuStep), or for target "cuda" into a CudaProgram (PTX for `arch`,
+    default sm_80; runtime.cuda.CudaStep runs it). Neither needs the device to exist.
 
-    `threads`: threads for big kernels (CompiledGraph.set_threads changes it);
     `cache`: any object with get(key)/put(key, bytes) for the object code (or PTX).
     CompileError names the first node braze cannot compile, and why.
     """
@@ -84,7 +84,7 @@ def compile_graph(subgraph: Graph, target: str = "cpu", threads: int = 2, cache=
 
         return compile_cuda(subgraph, arch=arch or DEFAULT_ARCH, cache=cache)
     from compiler import gc_paused
-    from compiler.codegen.compiled import CompiledGraph
+    from compiler.codegen.compiled import compile_cpu
 
     with gc_paused():
-        return CompiledGraph(subgraph, threads=threads, cache=cache)
+        return compile_cpu(subgraph, cache=cache)

@@ -1,128 +1,64 @@
-"""CompiledGraph: a cluster's native code plus its memory plan, callable with numpy arrays.
+"""The CPU program of a cluster: its native code plus its memory plan, as data.
 
-Render (cpu.Renderer: fusion plan -> LLVM IR text), compile (llvm_cpu.optimize
--> object code, cacheable by key through any `cache` with get/put) and load
-(llvm_cpu.JitModule) are separate steps. Running is one ctypes call with a
-pointer table: the cluster inputs, fresh outputs, constants, and the
-intermediates, which live in one arena laid out once (liveness-based reuse).
-
-Thread safety: each calling Python thread gets its own arena and pointer
-table (threading.local), so concurrent `run` calls share nothing mutable;
-ctypes releases the GIL during the native call.
+Render (cpu.Renderer: fusion plan -> LLVM IR text), compile (llvm_cpu.optimize ->
+object code, cacheable by key through any `cache` with get/put) happen here;
+`compile_cpu` returns a CpuProgram, which runtime/cpu.py loads and runs (as
+runtime/cuda.py runs a CudaProgram). The memory plan (slots, constants, arena) is
+compiler/codegen/memory.py's, shared with the CUDA target.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import os
-import sys
-import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from compiler import __version__, dtypes
+from compiler import __version__
 from compiler.codegen import llvm_cpu
 from compiler.codegen.cpu import PACKED, Renderer, SplitRender
-from compiler.errors import CompileError, InputError
+from compiler.codegen.memory import MemoryPlan, plan_memory
+from compiler.errors import CompileError
 from compiler.ir import Graph, Value
 from compiler.kernels import conv, gemm, winograd
 from compiler.passes.fuse import FusionPlan, plan
 from compiler.text import print_graph
 
-ALIGN = 64  # arena buffers start on cache lines
 # A cluster with at least this many distinct kernels compiles as parallel parts (one per
 # core, at most PARALLEL_PARTS): ResNet-50's 28 distinct kernels took 3.7 s as one module.
 PARALLEL_MIN_GROUPS = 8
 PARALLEL_PARTS = 2
-_RUN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)
 
 
-def _padded_bytes(v: Value) -> int:
-    return -(-max(v.type.size * dtypes.itemsize(v.dtype), 1) // ALIGN) * ALIGN
+@dataclass
+class CpuProgram:
+    """A cluster compiled for the host CPU (runtime/cpu.py: CpuStep loads and runs it).
 
+    `object_code`: host machine code (cacheable; one ELF object or several joined by
+    llvm_cpu.join_objects) whose entry is `run(ptr table, i32 threads)`; `memory`: the
+    slots of that table and the arena (memory.MemoryPlan); `plan`: the FusionPlan (its
+    kernels, with each one's implementation and reasons)."""
 
-def arena_plan(kplan: FusionPlan, intermediates: list[Value]) -> tuple[dict[Value, int], int]:
-    """Byte offsets of intermediates in one arena, and its size.
+    graph: Graph
+    plan: FusionPlan
+    memory: MemoryPlan
+    object_code: bytes
+    _llvm_ir: str | None = None
 
-    Kernels run in order; a buffer is live from the kernel that writes it to
-    the last kernel that reads it, and its bytes are reused (first fit) by
-    buffers written after that. A kernel never gets a block freed by its own
-    readers, so its inputs and output never overlap.
-    """
-    last: dict[Value, int] = {}
-    for i, k in enumerate(kplan.kernels):
-        for n in k.nodes:
-            for u in n.inputs:
-                last[u] = i
-    wanted = set(intermediates)
-    free: list[tuple[int, int]] = []  # (offset, size), sorted by offset
-    offsets: dict[Value, int] = {}
-    live: list[Value] = []
-    top = 0
-    for i, k in enumerate(kplan.kernels):
-        v = k.root
-        if v in wanted:
-            size = _padded_bytes(v)
-            fit = next((blk for blk in free if blk[1] >= size), None)
-            if fit is None:
-                offsets[v], top = top, top + size
-            else:
-                free.remove(fit)
-                offsets[v] = fit[0]
-                if fit[1] > size:
-                    free.append((fit[0] + size, fit[1] - size))
-                    free.sort()
-            live.append(v)
-        for u in [u for u in live if last.get(u, -1) <= i and u is not v]:
-            live.remove(u)
-            free.append((offsets[u], _padded_bytes(u)))
-            free.sort()
-    return offsets, top
+    @property
+    def kernels(self) -> list:
+        return self.plan.kernels
 
+    @property
+    def slots(self) -> dict:
+        return self.memory.slots
 
-class CompiledGraph:
-    """A compiled cluster: `run(list of arrays) -> list of fresh arrays` (thread-safe).
-
-    Introspection: `kernels` (fuse.Kernel: root value and the nodes it
-    computes), `plan` (the FusionPlan, with reasons), `llvm_ir` (text of the
-    rendered module; None when built from saved object code), `object_code` (host
-    machine code, cacheable), `arena_bytes` (intermediate memory per calling thread).
-    """
-
-    def __init__(self, graph: Graph, threads: int = 2, cache=None,
-                 object_code: bytes | None = None):
-        self.graph = graph
-        self.set_threads(threads)
-        self.plan = plan(graph)
-        self.kernels = self.plan.kernels
-        self._inputs = list(graph.inputs)
-        self._outputs = list(dict.fromkeys(v for v in graph.outputs
-                                           if v in self.plan.materialized))
-        packed = packed_operands(self.kernels)
-        unpacked = read_unpacked(graph)
-        consts = [n.outputs[0] for n in graph.nodes if n.op == "const"
-                  and n.attrs["value"].size != 1 and n.outputs[0] in unpacked]
-        self._inter = [k.root for k in self.kernels if k.root not in self._outputs]
-        order = self._inputs + self._outputs + consts + list(packed) + self._inter
-        self.slots = {v: i for i, v in enumerate(order)}
-        self._const_arrays = [np.ascontiguousarray(v.producer.attrs["value"]) for v in consts]
-        self._const_arrays += list(packed.values())
-        self._offsets, self.arena_bytes = arena_plan(self.plan, self._inter)
-        self._in_dtypes = [dtypes.to_numpy(v.dtype) for v in self._inputs]
-        self._in_shapes = [v.shape for v in self._inputs]
-        self._out_specs = [(v.shape, dtypes.to_numpy(v.dtype)) for v in self._outputs]
-        self._llvm_ir: str | None = None
-        if object_code is None:
-            object_code = self._compile(cache)
-        # else saved code (an artifact): the plans above are recomputed, LLVM is not run
-        self.object_code = object_code
-        self._jit = llvm_cpu.JitModule(object_code=self.object_code)  # keeps code alive
-        self._fn = _RUN(self._jit.address("run"))
-        self._local = threading.local()
+    @property
+    def arena_bytes(self) -> int:
+        return self.memory.arena_bytes
 
     @property
     def llvm_ir(self) -> str:
@@ -131,165 +67,69 @@ class CompiledGraph:
             self._llvm_ir = Renderer(self.graph, self.plan, self.slots).render()
         return self._llvm_ir
 
-    def _compile(self, cache) -> bytes:
-        """Object code: from `cache` (get/put by key) when it has this graph's, else
-        rendered and compiled. The key is the graph's text, not the LLVM IR's: a hit
-        costs no rendering (kernels read constants through pointers, so the code does
-        not depend on large constants' values, which the text names but does not hold)."""
-        key = cache_key(self.graph) if cache is not None else None
-        obj = cache.get(key) if key is not None else None
-        if obj is None:
-            obj = self._render_and_compile(key)
-            if key is not None:
-                cache.put(key, obj)
-        return obj
-
-    def _render_and_compile(self, key: str | None) -> bytes:
-        """Render and compile: in PARALLEL_PARTS modules at once when the cluster has
-        enough distinct kernels (cpu.SplitRender, llvm_cpu.compile_parts), else one."""
-        parts = parallel_parts()
-        if parts > 1:
-            tag = f"braze.{(key or hashlib.sha256(print_graph(self.graph).encode()).hexdigest())[:16]}"
-            split = SplitRender(self.graph, self.plan, self.slots, tag, parts)
-            if split.groups >= PARALLEL_MIN_GROUPS:
-                try:
-                    return llvm_cpu.compile_parts(split.render, parts)
-                except RuntimeError as e:
-                    raise CompileError(f"LLVM rejected braze's IR: {e}") from None
-        return _compile_uncached(self.llvm_ir)
+    def profiling_code(self) -> bytes:
+        """Object code of a copy of this program whose entry `run_profiled(table, threads,
+        stamps)` also writes the CPU's cycle counter before the first kernel and after
+        each (stamps: i64[kernels + 1]); compiled on each call, never cached."""
+        return _compile_uncached(Renderer(self.graph, self.plan, self.slots,
+                                          profile=True).render())
 
     @classmethod
-    def from_object_code(cls, graph: Graph, object_code: bytes, threads: int = 2):
-        """The CompiledGraph whose code `object_code` is (saved from one built for this
-        same graph by this same braze), loaded without rendering or compiling."""
-        return cls(graph, threads=threads, object_code=object_code)
-
-    def set_threads(self, threads: int) -> None:
-        """Threads for big kernels (small ones run on the calling thread)."""
-        if not isinstance(threads, int) or threads < 1:
-            raise CompileError(f"threads must be a positive integer, got {threads!r}")
-        self.threads = threads
-
-    def _table(self):
-        """This thread's pointer table (constants and arena slots filled once)."""
-        t = getattr(self._local, "table", None)
-        if t is None:
-            arena = np.empty(self.arena_bytes + ALIGN, np.uint8)
-            base = arena.ctypes.data + (-arena.ctypes.data) % ALIGN
-            t = (ctypes.c_void_p * max(len(self.slots), 1))()
-            for v, a in zip(list(self.slots)[len(self._inputs) + len(self._outputs):],
-                            self._const_arrays):
-                t[self.slots[v]] = a.ctypes.data
-            for v in self._inter:
-                t[self.slots[v]] = base + self._offsets[v]
-            self._local.table, self._local.arena = t, arena
-            self._local.address = ctypes.addressof(t)
-        return t
-
-    def run(self, arrays: list) -> list[np.ndarray]:
-        state = self._local.__dict__.get("state") or self._thread_state()
-        t, pools, address = state
-        if len(arrays) != len(self._inputs):
-            raise InputError(f"compiled cluster takes {len(self._inputs)} inputs, "
-                             f"got {len(arrays)}")
-        keep = list(arrays)
-        for i, (a, dt, shape) in enumerate(zip(keep, self._in_dtypes, self._in_shapes)):
-            # the common case (a C-contiguous array of the right dtype) costs no copy
-            if a.__class__ is not np.ndarray or a.dtype != dt or not a.flags.c_contiguous:
-                a = keep[i] = np.asarray(a, dtype=dt, order="C")
-            if a.shape != shape:
-                raise InputError(f"input %{self._inputs[i].name} must have shape {shape}, "
-                                 f"got {a.shape}")
-            t[i] = _address(a)
-        outs = [pool.take() for pool in pools]
-        base = len(self._inputs)
-        for i, o in enumerate(outs):
-            t[base + i] = _address(o)
-        self._fn(address, self.threads)
-        if len(outs) == len(self.graph.outputs):
-            return outs  # the common case: every output computed, each once
-        return self._results(outs, keep)
-
-    def profile(self, arrays: list, rounds: int = 10) -> list[float]:
-        """Seconds per kernel (in `kernels` order): the median over `rounds` calls of a
-        copy of this code that reads the CPU's cycle counter between kernels (compiled
-        on first use, never cached), scaled to wall-clock time over each whole call."""
-        prof = getattr(self, "_profiled", None)
-        if prof is None:
-            text = Renderer(self.graph, self.plan, self.slots, profile=True).render()
-            jit = llvm_cpu.JitModule(object_code=_compile_uncached(text))
-            fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32,
-                                  ctypes.c_void_p)(jit.address("run_profiled"))
-            prof = self._profiled = (jit, fn)
-        fn = prof[1]
-        stamps = np.zeros(len(self.kernels) + 1, np.int64)
-        run, self._fn = self._fn, lambda address, threads: fn(address, threads,
-                                                               _address(stamps))
-        samples = []
-        try:
-            for _ in range(rounds):
-                start = time.perf_counter()
-                self.run(arrays)
-                wall = time.perf_counter() - start
-                ticks = np.diff(stamps).astype(np.float64)
-                samples.append(ticks * (wall / max(stamps[-1] - stamps[0], 1)))
-        finally:
-            self._fn = run
-        return list(np.median(np.array(samples), axis=0))
-
-    def _thread_state(self) -> tuple:
-        """(pointer table, output pools, table address) of the calling thread."""
-        t = self._table()
-        pools = [OutputPool(shape, dt) for shape, dt in self._out_specs]
-        self._local.state = (t, pools, self._local.address)
-        return self._local.state
-
-    def _results(self, outs: list, inputs: list) -> list[np.ndarray]:
-        """Outputs in graph order; repeats, inputs and constants as fresh copies."""
-        by_value = dict(zip(self._outputs, outs))
-        by_input = dict(zip(self._inputs, inputs))
-        results, seen = [], set()
-        for v in self.graph.outputs:
-            if v in by_value:
-                results.append(by_value[v] if v not in seen else by_value[v].copy())
-                seen.add(v)
-            elif v in by_input:
-                results.append(np.array(by_input[v], copy=True))
-            else:  # a constant output
-                results.append(np.array(v.producer.attrs["value"], copy=True))
-        return results
+    def from_object_code(cls, graph: Graph, object_code: bytes) -> CpuProgram:
+        """The program whose code `object_code` is (saved from one compiled for this same
+        graph by this same braze): the plans are recomputed, LLVM is not run."""
+        kplan, memory = _plans(graph)
+        return cls(graph, kplan, memory, object_code)
 
 
-class OutputPool:
-    """Recycles output buffers the caller has let go of.
+def compile_cpu(graph: Graph, cache=None) -> CpuProgram:
+    """Plan, render and compile a cluster for the host CPU (object code from `cache`,
+    any object with get(key)/put(key, bytes), when it has this graph's)."""
+    kplan, memory = _plans(graph)
+    program = CpuProgram(graph, kplan, memory, b"")
+    program.object_code = _compile(program, cache)
+    return program
 
-    Every result is a fresh array object (a view of a pooled block), so it never
-    aliases the arena or another result the caller still holds. A block is reused
-    only when nothing but the pool refers to it: no view of it, nor any view of a
-    view, is alive anywhere (its reference count says so). Reuse matters because a
-    fresh multi-megabyte allocation costs page faults on every call (measured here:
-    ~1.4 ms per 4 MB, ten times the kernel's own time). One pool per output per
-    calling thread, so two threads never hand out the same block.
-    """
 
-    KEEP = 4  # blocks kept per output; beyond that, results are plain allocations
-    # references to a free block while `take` looks at it: the pool's list, the loop
-    # variable and getrefcount's own argument
-    _FREE_REFS = 3
+def _plans(graph: Graph) -> tuple[FusionPlan, MemoryPlan]:
+    """The fusion plan and memory plan of a cluster (constants it reads unpacked, then
+    the packed ones, get slots; packing happens here, once)."""
+    kplan = plan(graph)
+    packed = packed_operands(kplan.kernels)
+    unpacked = read_unpacked(graph)
+    consts = [(n.outputs[0], np.ascontiguousarray(n.attrs["value"])) for n in graph.nodes
+              if n.op == "const" and n.attrs["value"].size != 1 and n.outputs[0] in unpacked]
+    return kplan, plan_memory(graph, kplan, consts + list(packed.items()))
 
-    def __init__(self, shape: tuple, dtype):
-        self.shape, self.dtype = shape, dtype
-        self.blocks: list[np.ndarray] = []
 
-    def take(self) -> np.ndarray:
-        for block in self.blocks:
-            if sys.getrefcount(block) <= self._FREE_REFS:
-                return block.view()
-        block = np.empty(self.shape, self.dtype)
-        if len(self.blocks) < self.KEEP:
-            self.blocks.append(block)
-            return block.view()
-        return block
+def _compile(program: CpuProgram, cache) -> bytes:
+    """Object code: from `cache` (get/put by key) when it has this graph's, else rendered
+    and compiled. The key is the graph's text, not the LLVM IR's: a hit costs no rendering
+    (kernels read constants through pointers, so the code does not depend on large
+    constants' values, which the text names but does not hold)."""
+    key = cache_key(program.graph) if cache is not None else None
+    obj = cache.get(key) if key is not None else None
+    if obj is None:
+        obj = _render_and_compile(program, key)
+        if key is not None:
+            cache.put(key, obj)
+    return obj
+
+
+def _render_and_compile(program: CpuProgram, key: str | None) -> bytes:
+    """Render and compile: in PARALLEL_PARTS modules at once when the cluster has enough
+    distinct kernels (cpu.SplitRender, llvm_cpu.compile_parts), else one."""
+    parts = parallel_parts()
+    graph = program.graph
+    if parts > 1:
+        tag = f"braze.{(key or hashlib.sha256(print_graph(graph).encode()).hexdigest())[:16]}"
+        split = SplitRender(graph, program.plan, program.slots, tag, parts)
+        if split.groups >= PARALLEL_MIN_GROUPS:
+            try:
+                return llvm_cpu.compile_parts(split.render, parts)
+            except RuntimeError as e:
+                raise CompileError(f"LLVM rejected braze's IR: {e}") from None
+    return _compile_uncached(program.llvm_ir)
 
 
 def packers(node) -> dict:
@@ -328,29 +168,6 @@ def read_unpacked(graph: Graph) -> set[Value]:
         packed = packers(n)
         out.update(u for i, u in enumerate(n.inputs) if i not in packed)
     return out
-
-
-def _interface_address(a: np.ndarray) -> int:
-    """The data pointer, through the array interface (several times cheaper than `.ctypes`)."""
-    return a.__array_interface__["data"][0]
-
-
-def _struct_address_reader():
-    """A reader of an ndarray's data pointer straight from its C struct (numpy's
-    PyArrayObject: the object header, then `char *data`), about 5x cheaper than the
-    array interface; None unless it agrees with the interface on this build."""
-    offset, read = object.__basicsize__, ctypes.c_void_p.from_address
-    probe = np.arange(3, dtype=np.float32)[1:]
-    try:
-        if read(id(probe) + offset).value != _interface_address(probe):
-            return None
-    except (ValueError, OSError):
-        return None
-    return lambda a: read(id(a) + offset).value
-
-
-_read_address = _struct_address_reader()
-_address = _interface_address if _read_address is None else _read_address
 
 
 def cache_key(graph: Graph) -> str:

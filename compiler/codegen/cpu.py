@@ -14,7 +14,7 @@ row, one inner loop per level of reductions, accumulators in registers
 then one inner loop writing the root's row.
 
 `bufs` holds the pointers of the cluster inputs, its outputs, constant
-tensors and the intermediates (see compiled.py for who fills it).
+tensors and the intermediates (slots: codegen/memory.py; runtime/cpu.py fills it).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The host CPU as an LLVM target: initialization, the target machine, compiling a module.
 
-Render (an llvmlite.ir.Module), compile (optimize at -O3 with the new pass
-manager for the host's CPU name and features, AVX-512 included), and load (an
-MCJIT engine, kept alive as long as any function pointer from it is used) are
-separate steps, so compiled object code can also be cached and reloaded.
+Render (an llvmlite.ir.Module) and compile (optimize at -O3 with the new pass
+manager for the host's CPU name and features, AVX-512 included) happen here; loading
+(an MCJIT engine, kept alive as long as any function pointer from it is used) is
+runtime/cpu.py's JitModule, so compiled object code can also be cached and reloaded.
 
 Threads: kernels split their outer loops with GNU OpenMP's `GOMP_parallel`
 (libgomp, loaded once): a warm team launches in microseconds, with no Python
@@ -19,14 +19,12 @@ import functools
 import logging
 import os
 import struct
-import threading
 import warnings
 from typing import Callable
 
 import llvmlite.binding as llvm
 
 log = logging.getLogger("braze")
-_lock = threading.Lock()
 
 
 @functools.cache
@@ -61,10 +59,10 @@ def host() -> tuple[str, str, str]:
 @functools.cache
 def target_machine() -> llvm.TargetMachine:
     """The shared target machine for optimizing and emitting (never given to an engine)."""
-    return _new_target_machine()
+    return new_target_machine()
 
 
-def _new_target_machine() -> llvm.TargetMachine:
+def new_target_machine() -> llvm.TargetMachine:
     triple, cpu, features = host()
     target = llvm.Target.from_triple(triple)
     return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="default",
@@ -88,33 +86,8 @@ def optimize(module_text: str) -> llvm.ModuleRef:
     return mod
 
 
-class JitModule:
-    """A loaded module: function addresses stay valid while this object lives."""
-
-    def __init__(self, module: llvm.ModuleRef | None = None, object_code: bytes | None = None):
-        _init()
-        libgomp()
-        with _lock:
-            # an engine owns (and frees) its target machine: give it its own
-            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
-                                                      _new_target_machine())
-            if module is not None:
-                self._engine.add_module(module)
-                self._module = module
-            for obj in split_objects(object_code) if object_code is not None else ():
-                self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-            self._engine.finalize_object()
-            self._engine.run_static_constructors()
-
-    def address(self, name: str) -> int:
-        addr = self._engine.get_function_address(name)
-        if not addr:
-            raise RuntimeError(f"compiled code has no function {name!r}")
-        return addr
-
-
 def emit_object(module: llvm.ModuleRef) -> bytes:
-    """Machine code for the host, to cache on disk and load with JitModule(object_code=...)."""
+    """Machine code for the host, to cache on disk and load with runtime.cpu.JitModule."""
     return target_machine().emit_object(module)
 
 

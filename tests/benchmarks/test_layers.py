@@ -8,6 +8,7 @@ import numpy as np
 from benchmarks import layers
 from compiler.codegen import compile_graph
 from compiler.text import parse_graph
+from runtime.cpu import CpuStep
 
 
 def test_peak_probe_counts_flops(monkeypatch):
@@ -28,7 +29,7 @@ graph c(%x: f32[1,8,8,16]) -> (%y) {
     label, macs = layers.describe(node)
     assert label.startswith("3x3 s1 16->32 @ 8x8 (Winograd F(")
     assert macs == 8 * 8 * 32 * 16 * 9
-    cg = compile_graph(g)
+    cg = CpuStep(compile_graph(g))
     (seconds,) = cg.profile([np.ones((1, 8, 8, 16), np.float32)], rounds=2)
     table = layers.report({"rows": {label: {"layers": 1, "seconds": seconds, "macs": macs}},
                            "other_s": 0.0, "total_s": seconds, "kernels": 1},
