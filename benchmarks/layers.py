@@ -70,15 +70,14 @@ def fma_peak_gflops(threads: int) -> float:
     return threads * PEAK_ITERS * ACCUMULATORS * 16 * 2 / seconds / 1e9
 
 
-def describe(node) -> tuple[str, int]:
-    """(a conv's shape and algorithm, its multiply-adds counted as a direct conv)."""
-    from compiler.kernels import winograd
-
+def describe(k) -> tuple[str, int]:
+    """(a conv kernel's shape and implementation, its multiply-adds counted as a direct
+    conv), from the fusion plan's choice (`Kernel.impl`)."""
+    node = k.contraction
     x, w = node.inputs[0].shape, node.inputs[1].shape
     y = node.outputs[0].shape
     stride = node.attrs["strides"][0]
-    m = winograd.plan(node).m if winograd.refusal(node) is None else None
-    algo = f"Winograd F({m}x{m})" if m else "direct"
+    algo = f"Winograd F({k.impl.tile}x{k.impl.tile})" if k.impl.tile else "direct"
     label = (f"{w[2]}x{w[3]} s{stride} {x[3]}->{w[0]} @ {y[1]}x{y[2]} ({algo})")
     return label, int(np.prod(y)) * int(np.prod(w[1:]))
 
@@ -108,7 +107,7 @@ def profile_resnet(batch: int, threads: int, rounds: int) -> dict:
         if node is None or node.op != "conv":
             other += seconds
             continue
-        label, macs = describe(node)
+        label, macs = describe(k)
         row = rows[label]
         row["layers"] += 1
         row["seconds"] += seconds

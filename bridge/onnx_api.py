@@ -342,12 +342,16 @@ class CompiledOnnxModel:
         return {}
 
 
-def explain_onnx(model, shapes: dict, target: str = "cpu") -> str:
-    """`braze explain`: import at these shapes, cluster, describe."""
+def explain_onnx(model, shapes: dict, target: str = "cpu", kernels: bool = False) -> str:
+    """`braze explain`: import at these shapes, cluster, describe (with `kernels`, each
+    compiled cluster's fusion plan too: kernels, their ops and implementations)."""
+    from compiler.passes.fuse import describe_kernels
     from importers.onnx import import_onnx
 
     imported = import_onnx(model, input_shapes=shapes)
-    return describe_partition(plan(imported.graph, target))
+    clusters = plan(imported.graph, target)
+    text = describe_partition(clusters)
+    return text + describe_kernels(imported.graph, clusters, target) if kernels else text
 
 
 def compile_onnx_ptx(model, shapes: dict, arch: str | None = None,

@@ -23,7 +23,7 @@ from compiler.codegen.cpu import PACKED, Renderer, SplitRender
 from compiler.codegen.memory import MemoryPlan, plan_memory
 from compiler.errors import CompileError
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm, winograd
+from compiler.kernels import choice, conv, gemm, winograd
 from compiler.passes.fuse import FusionPlan, plan
 from compiler.text import print_graph
 
@@ -96,7 +96,7 @@ def _plans(graph: Graph) -> tuple[FusionPlan, MemoryPlan]:
     the packed ones, get slots; packing happens here, once)."""
     kplan = plan(graph)
     packed = packed_operands(kplan.kernels)
-    unpacked = read_unpacked(graph)
+    unpacked = read_unpacked(graph, kplan.kernels)
     consts = [(n.outputs[0], np.ascontiguousarray(n.attrs["value"])) for n in graph.nodes
               if n.op == "const" and n.attrs["value"].size != 1 and n.outputs[0] in unpacked]
     return kplan, plan_memory(graph, kplan, consts + list(packed.items()))
@@ -132,17 +132,17 @@ def _render_and_compile(program: CpuProgram, key: str | None) -> bytes:
     return _compile_uncached(program.llvm_ir)
 
 
-def packers(node) -> dict:
-    """Input position -> how that constant input is packed for braze's kernel of `node`
-    (empty when the node runs on a kernel reading its inputs as they are)."""
-    if node.op == "matmul" and gemm.refusal(node) is None:
+def packers(kernel) -> dict:
+    """Input position -> how that constant input of `kernel`'s contraction is packed for its
+    implementation (`kernel.impl`; empty when it reads its inputs as they are)."""
+    impl = kernel.impl
+    if impl is None or not impl.packs_operands:
+        return {}
+    if impl.name == choice.GEMM:
         return {1: gemm.pack_b}
-    if node.op == "conv" and winograd.refusal(node) is None:
-        m = winograd.plan(node).m
-        return {1: lambda w: winograd.pack_weight(w, m), 2: conv.pack_bias}
-    if node.op == "conv" and conv.refusal(node) is None:
-        return {1: conv.pack_weight, 2: conv.pack_bias}
-    return {}
+    if impl.name == choice.WINOGRAD:
+        return {1: lambda w: winograd.pack_weight(w, impl.tile), 2: conv.pack_bias}
+    return {1: conv.pack_weight, 2: conv.pack_bias}
 
 
 def packed_operands(kernels) -> dict:
@@ -151,22 +151,20 @@ def packed_operands(kernels) -> dict:
     out = {}
     for k in kernels:
         node = k.contraction
-        if node is None:
-            continue
-        for i, pack in packers(node).items():
+        for i, pack in packers(k).items():
             if i < len(node.inputs):
                 v = node.inputs[i]
                 out.setdefault((PACKED, v), pack(np.asarray(v.producer.attrs["value"])))
     return out
 
 
-def read_unpacked(graph: Graph) -> set[Value]:
+def read_unpacked(graph: Graph, kernels) -> set[Value]:
     """The values some node reads other than as a packed operand, and the graph outputs
-    (one pass: each node's packers are asked once)."""
+    (one pass: each kernel's packers are asked once)."""
+    packed = {(k.contraction, i) for k in kernels for i in packers(k)}
     out = set(graph.outputs)
     for n in graph.nodes:
-        packed = packers(n)
-        out.update(u for i, u in enumerate(n.inputs) if i not in packed)
+        out.update(u for i, u in enumerate(n.inputs) if (n, i) not in packed)
     return out
 
 

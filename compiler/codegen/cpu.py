@@ -33,7 +33,7 @@ from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
                                        without)
 from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm, winograd
+from compiler.kernels import choice, conv, gemm, winograd
 from compiler.passes.fuse import Kernel
 
 PTR = ir.PointerType()
@@ -130,16 +130,17 @@ class Renderer:
         root = k.root
         node = k.contraction
         outer, parallel = _extent(k)
-        if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
-            shape = gemm.GemmShape.of(node)
+        impl = k.impl.name if k.impl is not None else None
+        if impl == choice.GEMM:
+            shape = choice.shape(node, k.impl)
             a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
             after, before, regs = self._tile_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: gemm.emit_item(
                 b, shape, ptrs[a], packed, ptrs[root], o, after, before, regs))
-        elif node is not None and node.op == "conv":
+        elif impl in (choice.WINOGRAD, choice.DIRECT_CONV):
             self._conv(b, bufs, ptrs, k, lo, hi)
-        elif node is not None:
+        elif impl == choice.ROW_MATMUL:
             counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row":
             counted_loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
@@ -255,21 +256,20 @@ class Renderer:
         return after
 
     def _conv(self, b, bufs, ptrs, k: Kernel, lo, hi) -> None:
-        """A conv kernel's loop over its work items: Winograd where it applies, else the
-        direct implicit GEMM (`_extent` counts the same items)."""
+        """A conv kernel's loop over its work items: Winograd or the direct implicit GEMM,
+        as `k.impl` says (`_extent` counts the same items)."""
         node, root = k.contraction, k.root
         x = node.inputs[0]
         extra = [(PACKED, u) for u in node.inputs[1:]]
         packed = self._buffers(b, bufs, extra)
         weight, bias = packed[extra[0]], packed[extra[1]] if len(extra) > 1 else None
-        if winograd.refusal(node) is None:
-            shape = winograd.plan(node)
+        shape = choice.shape(node, k.impl)
+        if k.impl.name == choice.WINOGRAD:
             zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
             epilogue, post = self._winograd_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: winograd.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, zeros, epilogue, post))
         else:
-            shape = conv.ConvShape.of(node)
             after, before, regs = self._tile_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: conv.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, after, before, regs))
@@ -518,12 +518,10 @@ class SplitRender:
     def _size(self, g: int) -> float:
         """A rough relative size of group g's code (Winograd and direct convs render the
         most: transforms, micro-kernels and their tails)."""
-        node = self.plan.kernels[self.first[g]].contraction
-        if node is None:
+        impl = self.plan.kernels[self.first[g]].impl
+        if impl is None:
             return 1.0
-        if node.op == "conv":
-            return 6.0 if winograd.refusal(node) is None else 3.0
-        return 2.0
+        return _CODE_SIZE.get(impl.name, 2.0)
 
     def render(self, part: int) -> str:
         """LLVM IR of one part: its groups' functions (exported), and for part 0 the
@@ -547,18 +545,23 @@ class SplitRender:
 
 # -- helpers ----------------------------------------------------------------------
 
+# A rough relative size of a contraction kernel's code, by implementation (Winograd and
+# direct convs render the most: transforms, micro-kernels and their tails); others 2.0.
+_CODE_SIZE = {choice.WINOGRAD: 6.0, choice.DIRECT_CONV: 3.0}
+
+
 def _extent(k: Kernel) -> tuple[int, bool]:
     """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
     rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
     root, node = k.root, k.contraction
-    if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
-        shape = gemm.GemmShape.of(node)
+    impl = k.impl.name if k.impl is not None else None
+    if impl == choice.GEMM:
+        shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.m * shape.n * shape.k
-    elif node is not None and node.op == "conv":
-        shape = winograd.plan(node) if winograd.refusal(node) is None \
-            else conv.ConvShape.of(node)
+    elif impl in (choice.WINOGRAD, choice.DIRECT_CONV):
+        shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.macs
-    elif node is not None:
+    elif impl == choice.ROW_MATMUL:
         outer = int(np.prod(root.shape[:-1], dtype=np.int64))
         work = root.type.size * node.inputs[0].shape[-1]
     elif k.kind == "row":
