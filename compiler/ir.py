@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from compiler import dtypes
 from compiler.errors import BrazeError
@@ -348,6 +348,3 @@ def clone(graph: Graph) -> Graph:
         g.nodes.append(m)
     g.outputs = [vmap[v] for v in graph.outputs]
     return g
-
-
-Attr = Any

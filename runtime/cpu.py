@@ -181,30 +181,54 @@ class OutputPool:
     Every result is a fresh array object (a view of a pooled block), so it never
     aliases the arena or another result the caller still holds. A block is reused
     only when nothing but the pool refers to it: no view of it, nor any view of a
-    view, is alive anywhere (its reference count says so). Reuse matters because a
-    fresh multi-megabyte allocation costs page faults on every call (measured here:
-    ~1.4 ms per 4 MB, ten times the kernel's own time). One pool per output per
-    calling thread, so two threads never hand out the same block.
+    view (numpy points every view's `base` at the block that owns the memory), is
+    alive anywhere, which its reference count says. The count a free block has while
+    `take` looks at it depends on the interpreter (3.14 borrows references that 3.12
+    counted), so it is measured once per process (`_free_refs`) by the same loop, not
+    assumed; where the measure is not sound, blocks are never reused. Reuse matters
+    because a fresh multi-megabyte allocation costs page faults on every call
+    (measured here: ~1.4 ms per 4 MB, ten times the kernel's own time). One pool per
+    output per calling thread, so two threads never hand out the same block.
     """
 
     KEEP = 4  # blocks kept per output; beyond that, results are plain allocations
-    # references to a free block while `take` looks at it: the pool's list, the loop
-    # variable and getrefcount's own argument
-    _FREE_REFS = 3
 
     def __init__(self, shape: tuple, dtype):
         self.shape, self.dtype = shape, dtype
         self.blocks: list[np.ndarray] = []
 
     def take(self) -> np.ndarray:
+        free = _FREE_REFS
         for block in self.blocks:
-            if sys.getrefcount(block) <= self._FREE_REFS:
+            if sys.getrefcount(block) <= free:
                 return block.view()
         block = np.empty(self.shape, self.dtype)
         if len(self.blocks) < self.KEEP:
             self.blocks.append(block)
             return block.view()
         return block
+
+    def _first_refs(self) -> int:
+        """The reference count `take`'s loop sees for the first block (its twin loop)."""
+        free = 0
+        for block in self.blocks:
+            return sys.getrefcount(block) + free
+        return -1
+
+
+def _free_refs() -> int:
+    """The count `take` sees for a block only the pool holds; -1 (never reuse) unless one
+    more reference is seen as one more (the measure distinguishes free from held)."""
+    pool = OutputPool((1,), np.uint8)
+    pool.blocks.append(np.empty(1, np.uint8))
+    free = pool._first_refs()
+    held = pool.blocks[0].view()
+    busy = pool._first_refs()
+    del held
+    return free if busy == free + 1 else -1
+
+
+_FREE_REFS = _free_refs()
 
 
 def _interface_address(a: np.ndarray) -> int:

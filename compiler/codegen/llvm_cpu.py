@@ -12,7 +12,6 @@ on the path. Where libgomp is missing, kernels run on one thread.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -133,7 +132,7 @@ def compile_parts(render: Callable[[int], str], parts: int) -> bytes:
     fork), which send their object code back through a pipe, while this process does
     part 0. A child that fails leaves its part to this process, which then compiles it
     itself (and raises any error there, as a serial compile would)."""
-    if parts == 1 or not hasattr(os, "fork"):
+    if parts == 1 or not hasattr(os, "fork") or llvmlite_lock() is None:
         return join_objects([compile_ir(render(p)) for p in range(parts)])
     children = [_fork_part(render, p) for p in range(1, parts)]
     objects = [compile_ir(render(0))]
@@ -146,15 +145,28 @@ def compile_parts(render: Callable[[int], str], parts: int) -> bytes:
     return join_objects(objects)
 
 
+def llvmlite_lock():
+    """llvmlite's process-wide lock (every call into LLVM takes it), or None where this
+    llvmlite has no lock braze can take; then compile_parts compiles its parts here, one
+    after another, instead of in forked children.
+
+    The one use of llvmlite's private API in braze, kept here: `llvm.ffi.lib._lock`.
+    llvmlite offers no public way to take its lock (`ffi.register_lock_callback` only
+    observes it), and a fork while another thread holds it leaves the child waiting for
+    it forever. tests/compiler/test_codegen.py checks that this is the lock llvmlite's
+    calls take (through that public callback) and that without it nothing forks."""
+    lock = getattr(getattr(llvm.ffi, "lib", None), "_lock", None)
+    return lock if hasattr(lock, "__enter__") and hasattr(lock, "__exit__") else None
+
+
 def _fork_part(render, part: int):
     """(pid, read end) of a child compiling `part`, or None when fork fails."""
     _init()
     read, write = os.pipe()
     # no other thread may hold llvmlite's lock across the fork (the child would wait
     # for it forever): take it here, and the child (this thread's copy) releases it
-    lock = getattr(getattr(llvm.ffi, "lib", None), "_lock", None) or contextlib.nullcontext()
     try:
-        with lock, warnings.catch_warnings():
+        with llvmlite_lock(), warnings.catch_warnings():
             # Python 3.12+ warns about fork in a threaded process; the child runs only
             # LLVM (whose lock is held here) and this module's code, then _exit
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -348,3 +348,53 @@ def test_profile_times_each_kernel_and_leaves_run_alone():
     for a, b in zip(before, cg.run(xs)):
         np.testing.assert_array_equal(a, b)
     assert "run_profiled" not in cg.llvm_ir and "readcyclecounter" not in cg.llvm_ir
+
+
+def test_cache_key_follows_the_graph_text():
+    from compiler.codegen.compiled import cache_key
+
+    assert cache_key(_add_graph((5,))) == cache_key(_add_graph((5,)))
+    assert cache_key(_add_graph((5,))) != cache_key(_add_graph((6,)))
+
+
+def test_the_lock_taken_around_fork_is_the_one_llvmlite_calls_take():
+    """llvm_cpu.llvmlite_lock() (llvmlite's private lock, the one use of its private API)
+    is what every llvmlite call takes: seen through the public lock callback, and a call
+    from another thread waits while this thread holds it."""
+    import llvmlite.binding as llvm
+
+    lock = llvm_cpu.llvmlite_lock()
+    assert lock is not None
+    seen = []
+    acquired = lambda: seen.append(threading.get_ident())  # noqa: E731
+    released = lambda: None  # noqa: E731
+    llvm.ffi.register_lock_callback(acquired, released)
+    try:
+        llvm.get_process_triple()
+        assert threading.get_ident() in seen
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (llvm.get_process_triple(), done.set()))
+        with lock:
+            worker.start()
+            assert not done.wait(0.3)  # the other thread's llvmlite call waits for us
+        assert done.wait(10)
+        worker.join()
+    finally:
+        llvm.ffi.unregister_lock_callback(acquired, released)
+
+
+def test_without_llvmlites_lock_parts_compile_here_without_forking(monkeypatch):
+    import os
+
+    from compiler.codegen import compiled
+
+    monkeypatch.setattr(compiled, "PARALLEL_MIN_GROUPS", 3)
+    monkeypatch.setenv("BRAZE_COMPILE_JOBS", "2")
+    monkeypatch.setattr(llvm_cpu, "llvmlite_lock", lambda: None)
+    monkeypatch.setattr(os, "fork", lambda: (_ for _ in ()).throw(AssertionError("forked")))
+    g = _chain_of_distinct_kernels(4)
+    xs = [np.ones(v.shape, np.float32) for v in g.inputs]
+    cg = CpuStep(compile_graph(g))
+    assert len(llvm_cpu.split_objects(cg.object_code)) == 2
+    for got, want in zip(cg.run(xs), evaluate(g, xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

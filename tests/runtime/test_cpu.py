@@ -78,3 +78,62 @@ def test_runtime_never_imports_the_cpu_codegen_module_or_the_front_ends():
         mods = _imports(path)
         assert "compiler.codegen.compiled" not in mods, path
         assert not any(m.split(".")[0] in ("bridge", "importers") for m in mods), path
+
+
+# -- the output pool ----------------------------------------------------------------
+
+def test_pool_reuses_a_block_only_once_nothing_else_refers_to_it():
+    from runtime.cpu import OutputPool
+
+    pool = OutputPool((64,), np.float32)
+    first = pool.take()
+    addr = first.__array_interface__["data"][0]
+    second = pool.take()  # `first` is held: a new block
+    assert not np.shares_memory(first, second)
+    del first
+    third = pool.take()  # `first` is gone: its block comes back (as a fresh view)
+    assert third.__array_interface__["data"][0] == addr
+    assert not np.shares_memory(third, second)
+
+
+def test_pool_never_reuses_a_block_a_view_of_a_view_still_reads():
+    from runtime.cpu import OutputPool
+
+    pool = OutputPool((4, 16), np.float32)
+    out = pool.take()
+    row = out[1][2:5]  # a view of a view: its base is the pooled block
+    row[:] = 7.0
+    del out
+    for _ in range(pool.KEEP + 2):
+        fresh = pool.take()
+        assert not np.shares_memory(fresh, row)
+        fresh[:] = -1.0
+    np.testing.assert_array_equal(row, 7.0)
+
+
+def test_pool_keeps_at_most_keep_blocks():
+    from runtime.cpu import OutputPool
+
+    pool = OutputPool((8,), np.float64)
+    held = [pool.take() for _ in range(pool.KEEP + 3)]
+    assert len(pool.blocks) == pool.KEEP
+    assert len({a.__array_interface__["data"][0] for a in held}) == len(held)
+
+
+def test_the_free_count_is_measured_not_assumed():
+    import runtime.cpu as cpu_runtime
+
+    assert cpu_runtime._FREE_REFS == cpu_runtime._free_refs() > 0
+
+
+def test_results_held_across_calls_keep_their_values():
+    """A step's results are never overwritten by later calls while the caller holds them
+    (the pool hands their blocks out again only once they are let go)."""
+    step = CpuStep(compile_graph(_graph()), threads=1)
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((4, 8)).astype(np.float32) for _ in range(6)]
+    held = [step.run([x]) for x in xs]
+    for x, (s, y) in zip(xs, held):
+        want = np.tanh(x @ W)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(s, np.exp(want) + want, rtol=1e-5, atol=1e-5)
