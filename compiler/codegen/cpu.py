@@ -32,6 +32,7 @@ from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
                                        kernel_leaves, mul_add, reduce_init, store_element,
                                        without)
 from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
+from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
 from compiler.kernels import choice, conv, gemm, winograd
 from compiler.passes.fuse import Kernel
@@ -433,10 +434,7 @@ class Renderer:
         return fn
 
     def _decl(self, name: str, ret, args):
-        try:
-            return self.module.get_global(name)
-        except KeyError:
-            return ir.Function(self.module, ir.FunctionType(ret, args), name)
+        return declare(self.module, name, ret, args)
 
     def _entry(self, nests) -> None:
         args = [PTR, I32] + ([PTR] if self.profile else [])

@@ -22,6 +22,8 @@ import math
 
 from llvmlite import ir
 
+from compiler.codegen.symbols import declare
+
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
 
@@ -153,12 +155,8 @@ def erf_f32(b: ir.IRBuilder, x):
 
 
 def _intrinsic(b: ir.IRBuilder, name: str):
-    module = b.module
-    try:
-        return module.get_global(name)
-    except KeyError:
-        arity = 2 if name.startswith(("llvm.copysign", "llvm.minnum", "llvm.maxnum")) else 1
-        return ir.Function(module, ir.FunctionType(F32, [F32] * arity), name)
+    arity = 2 if name.startswith(("llvm.copysign", "llvm.minnum", "llvm.maxnum")) else 1
+    return declare(b.module, name, F32, [F32] * arity)
 
 
 FAST_F32 = {"exp": exp_f32, "log": log_f32_full, "tanh": tanh_f32, "sigmoid": sigmoid_f32,

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from compiler.codegen.symbols import declare
+
 VEC = 16  # float32 lanes of one AVX-512 register
 NV = 2  # vectors per tile row
 NR = NV * VEC  # tile columns
@@ -92,11 +94,7 @@ def _i64(n: int) -> ir.Constant:
 
 
 def _fma(b: ir.IRBuilder):
-    mod = b.module
-    try:
-        return mod.get_global("llvm.fma.v16f32")
-    except KeyError:
-        return ir.Function(mod, ir.FunctionType(V16, [V16, V16, V16]), "llvm.fma.v16f32")
+    return declare(b.module, "llvm.fma.v16f32", V16, [V16, V16, V16])
 
 
 def splat(b: ir.IRBuilder, x):
@@ -243,12 +241,7 @@ def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile, by_rows: bool = F
 
 def prefetch(b: ir.IRBuilder, ptr, write: bool) -> None:
     """Ask for the cache line at `ptr` (into L1) ahead of its use."""
-    mod = b.module
-    try:
-        fn = mod.get_global("llvm.prefetch.p0")
-    except KeyError:
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]),
-                         "llvm.prefetch.p0")
+    fn = declare(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
     b.call(fn, [ptr, ir.Constant(I32, int(write)), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
