@@ -108,7 +108,7 @@ def first_refusal(clusters: list[Cluster]) -> str | None:
     for c in clusters:
         if not c.compiled:
             n = c.nodes[0]
-            label = n.attrs["op_type"] if n.op == "host" else n.op
+            label = n.label
             name = n.name or n.outputs[0].name
             return f"cannot compile {label} node {name!r}: {c.reasons[n]}"
     return None
@@ -380,7 +380,7 @@ def partition_report(clusters: list[Cluster]) -> dict:
     """The clusters as data: {"clusters": [{id, kind, ops, inputs, outputs}], "not_compiled":
     [{op, name, cluster, reason}], "nodes", "compiled_nodes"} (value names, node labels)."""
     def label(n):
-        return n.attrs["op_type"] if n.op == "host" else n.op
+        return n.label
 
     not_compiled = [{"op": label(n), "name": n.name or n.outputs[0].name, "cluster": c.id,
                      "reason": c.reasons[n]} for c in clusters if not c.compiled for n in c.nodes]

@@ -391,7 +391,7 @@ def _log_host_nodes(name: str, clusters) -> None:
         if c.compiled:
             continue
         for n in c.nodes:
-            label = n.attrs["op_type"] if n.op == "host" else n.op
+            label = n.label
             seen[(label, c.reasons[n])] += 1
     for (label, reason), count in seen.items():
         times = f" ({count} nodes)" if count > 1 else ""

@@ -78,6 +78,16 @@ class Value:
     def dtype(self) -> str:
         return self.type.dtype
 
+    @property
+    def is_const(self) -> bool:
+        """Whether a `const` node produces this value."""
+        return self.producer is not None and self.producer.op == "const"
+
+    @property
+    def const_value(self):
+        """The array of a `const`-produced value, else None."""
+        return self.producer.attrs["value"] if self.is_const else None
+
     def __repr__(self) -> str:
         return f"%{self.name}: {self.type}"
 
@@ -110,6 +120,11 @@ class Node:
         from compiler.ops import get_op
 
         return get_op(self.op)
+
+    @property
+    def label(self) -> str:
+        """What the node is called in reports: its op, or a host node's framework op."""
+        return self.attrs["op_type"] if self.op == "host" else self.op
 
     def describe(self) -> str:
         """'op node "name"' for error messages."""

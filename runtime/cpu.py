@@ -171,7 +171,7 @@ class CpuStep:
             elif v in by_input:
                 results.append(np.array(by_input[v], copy=True))
             else:  # a constant output
-                results.append(np.array(v.producer.attrs["value"], copy=True))
+                results.append(np.array(v.const_value, copy=True))
         return results
 
 

@@ -232,7 +232,7 @@ class CudaStep:
         slot = self.program.slots.get(v)
         if slot in self._constants:
             return self._constants[slot].clone()
-        return to_torch(np.array(v.producer.attrs["value"])).to(self.device)
+        return to_torch(np.array(v.const_value)).to(self.device)
 
 
 def cuda_step(fn) -> CudaStep | None:

@@ -154,7 +154,7 @@ def packed_operands(kernels) -> dict:
         for i, pack in packers(k).items():
             if i < len(node.inputs):
                 v = node.inputs[i]
-                out.setdefault((PACKED, v), pack(np.asarray(v.producer.attrs["value"])))
+                out.setdefault((PACKED, v), pack(np.asarray(v.const_value)))
     return out
 
 

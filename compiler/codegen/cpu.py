@@ -587,8 +587,8 @@ def _signature(k: Kernel, local: dict) -> tuple | None:
         for u in n.inputs:
             if u in ids:
                 args.append(ids[u])
-            elif u.producer is not None and u.producer.op == "const":
-                value = np.asarray(u.producer.attrs["value"])
+            elif u.is_const:
+                value = np.asarray(u.const_value)
                 if value.size > SIGNATURE_CONST_ELEMENTS and (PACKED, u) not in local:
                     return None
                 args.append(("const", str(u.type), value.tobytes()
@@ -628,8 +628,7 @@ REGISTER_OPS = {
 def _operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
     """How a register epilogue reads `u`: "scalar", "full" (root's shape, a buffer),
     "row" (N values along the last dim, broadcast over the rows), or None (it cannot)."""
-    p = u.producer
-    if p is not None and p.op == "const" and p.attrs["value"].size == 1:
+    if u.is_const and u.const_value.size == 1:
         return "scalar"
     if u not in ptrs or u.dtype != "f32":
         return None
@@ -646,7 +645,7 @@ def _operand_vector(b, u: Value, root: Value, ptrs: dict, off, col):
     channel `col`), per `_operand_kind`."""
     kind = _operand_kind(u, root, ptrs)
     if kind == "scalar":
-        return gemm.splat_constant(b, u.producer.attrs["value"].reshape(-1)[0])
+        return gemm.splat_constant(b, u.const_value.reshape(-1)[0])
     ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
                 inbounds=True)
     return b.load(ptr, typ=gemm.V16, align=4)

@@ -64,8 +64,7 @@ class Rule:
 
 def const_value(v: Value) -> np.ndarray | None:
     """The array of a value produced by a `const` node, else None."""
-    p = v.producer
-    return p.attrs["value"] if p is not None and p.op == "const" else None
+    return v.const_value
 
 
 def new_const(graph: Graph, before: Node, array: np.ndarray, hint: str) -> Value:

@@ -153,3 +153,17 @@ def test_remove_dead_is_one_pass_over_a_long_graph():
     assert time.perf_counter() - start < 1.0
     assert len(g.nodes) == 10_000 and all(n.op == "neg" for n in g.nodes)
     verify(g)
+
+
+def test_constant_and_label_helpers():
+    g = Graph("g")
+    x = g.add_input("x", TensorType("f32", (2,)))
+    c = g.const(np.array([1.0, 2.0], np.float32))
+    y = g.op("add", x, c)
+    h = g.add_node("host", [y], {"framework": "onnx", "domain": "", "op_type": "Foo",
+                                 "reason": "no Foo", "payload": b""},
+                   out_types=[TensorType("f32", (2,))])
+    assert c.is_const and not x.is_const and not y.is_const
+    np.testing.assert_array_equal(c.const_value, [1.0, 2.0])
+    assert x.const_value is None and y.const_value is None
+    assert y.producer.label == "add" and h.label == "Foo"
