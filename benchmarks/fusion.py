@@ -207,16 +207,22 @@ def cases() -> list[Case]:
     ]
 
 
-def case_runtimes(module, case: Case, onnx_path: Path) -> list[common.Runtime]:
-    """The runtimes compared on one case (torch eager first: the reference)."""
-    return [runtimes.torch_eager(module, case.inputs),
-            runtimes.torch_compiled(module, case.inputs, "torch.compile (inductor)",
-                                    dynamic=False),
-            runtimes.onnxruntime(onnx_path, case.inputs),
-            runtimes.braze_onnx(onnx_path, case.inputs)]
+def case_runtimes(module, case: Case, onnx_path: Path, cpus=(),
+                  only=()) -> list[common.Runtime]:
+    """The runtimes compared on one case (torch eager first: the reference), braze also
+    built for each CPU in `cpus`; only those named by `only` (substrings), if given."""
+    return runtimes.chosen([
+        runtimes.torch_eager(module, case.inputs),
+        runtimes.torch_compiled(module, case.inputs, "torch.compile (inductor)",
+                                dynamic=False),
+        runtimes.onnxruntime(onnx_path, case.inputs),
+        runtimes.braze_onnx(onnx_path, case.inputs),
+        *(runtimes.braze_onnx(onnx_path, case.inputs, t) for t in runtimes.cpu_targets(cpus)),
+    ], only)
 
 
-def run_case(case: Case, module, warmup: int, rounds: int, workdir: Path) -> dict:
+def run_case(case: Case, module, warmup: int, rounds: int, workdir: Path, cpus=(),
+             only=()) -> dict:
     """Build the ONNX file, then set up and time every runtime on one case."""
     import torch
 
@@ -224,8 +230,8 @@ def run_case(case: Case, module, warmup: int, rounds: int, workdir: Path) -> dic
     onnx_path = case.make_onnx(module, case.inputs, workdir / f"{case.name}.onnx")
     # Calls here take microseconds to a few milliseconds: wake the pools before a sample.
     settings = Settings(warmup=warmup, rounds=rounds, number=case.number, lead_in=1)
-    result = common.measure(case.name, case_runtimes(module, case, onnx_path), settings,
-                            unit=case.unit)
+    result = common.measure(case.name, case_runtimes(module, case, onnx_path, cpus, only),
+                            settings, unit=case.unit)
     result["description"] = case.description
     return result
 
@@ -253,13 +259,16 @@ def ratio_cell(case: dict, num: str, den: str) -> str:
 
 def report(payload: dict) -> str:
     """The table of medians and ratios, then why any runtime was n/a."""
+    others = list(dict.fromkeys(r["runtime"] for c in payload["cases"] for r in c["results"]
+                                if r["runtime"].startswith(BRAZE[:-1] + ", ")))
     headers = ["case", "unit", "torch eager", "inductor", "onnxruntime", "braze",
+               *(o[len(BRAZE) + 1:-1] for o in others),  # braze built for another CPU
                "braze/ORT", "braze/eager", "braze max rel err"]
     rows = []
     for c in payload["cases"]:
         braze = common.result_for(c, BRAZE) or {}
         rows.append([f"{c['case']}: {c['description']}", c["unit"],
-                     *(time_cell(c, rt) for rt in (EAGER, INDUCTOR, ORT, BRAZE)),
+                     *(time_cell(c, rt) for rt in (EAGER, INDUCTOR, ORT, BRAZE, *others)),
                      ratio_cell(c, BRAZE, ORT), ratio_cell(c, BRAZE, EAGER),
                      fmt_err(braze.get("max_rel_err"))])
     return common.markdown_table(headers, rows) + failures(payload)
@@ -295,6 +304,12 @@ def parse_args(argv):
     p.add_argument("--update-results", action="store_true",
                    help="rewrite the fusion section of benchmarks/RESULTS.md")
     p.add_argument("--note", help="a sentence to print under the machine in RESULTS.md")
+    p.add_argument("--cpu", nargs="+", default=[], metavar="NAME",
+                   help="also run braze built for these LLVM CPUs (e.g. znver3 x86-64-v2; "
+                   "they must run on this machine)")
+    p.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                   help="run only the runtimes whose names contain one of these (torch "
+                   "eager, the reference, always runs)")
     args = p.parse_args(argv)
     if args.quick:
         args.warmup, args.rounds = QUICK["warmup"], QUICK["rounds"]
@@ -310,8 +325,8 @@ def main(argv=None) -> dict:
     chosen = [c for c in cases() if not args.case or c.name in args.case]
     with tempfile.TemporaryDirectory(prefix="braze-fusion-") as tmp, \
             common.fresh_compile_caches(Path(tmp)):
-        results = [run_case(c, modules[c.name], args.warmup, args.rounds, Path(tmp))
-                   for c in chosen]
+        results = [run_case(c, modules[c.name], args.warmup, args.rounds, Path(tmp), args.cpu,
+                            args.only) for c in chosen]
     payload = {"benchmark": "fusion", "machine": common.machine_info(),
                "settings": {"threads": common.THREADS, "warmup": args.warmup,
                             "rounds": args.rounds},

@@ -40,17 +40,18 @@ def fma_peak_gflops(threads: int) -> float:
     from llvmlite import ir
 
     from compiler.codegen import llvm_cpu
-    from compiler.kernels.gemm import F32, I64, V16, _fma, _i64, _phi_loop
+    from compiler.kernels.gemm import F32, Tile, _i64, _phi_loop, mul_add
     from runtime.cpu import JitModule
 
+    tile = Tile(vec=16, nv=2, mr=12)
+    V16 = tile.vtype
     module = ir.Module("peak")
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fma = _fma(b)
     x = b.load(fn.args[0], typ=V16, align=4)
     y = b.load(b.gep(fn.args[0], [_i64(16)], source_etype=F32), typ=V16, align=4)
     out = _phi_loop(b, PEAK_ITERS, [x] * ACCUMULATORS,
-                    lambda b, i, accs: [b.call(fma, [a, y, x]) for a in accs])
+                    lambda b, i, accs: [mul_add(b, tile, a, y, x) for a in accs])
     total = out[0]
     for a in out[1:]:
         total = b.fadd(total, a)
@@ -77,7 +78,7 @@ def describe(k) -> tuple[str, int]:
     x, w = node.inputs[0].shape, node.inputs[1].shape
     y = node.outputs[0].shape
     stride = node.attrs["strides"][0]
-    algo = f"Winograd F({k.impl.tile}x{k.impl.tile})" if k.impl.tile else "direct"
+    algo = f"Winograd F({k.impl.m}x{k.impl.m})" if k.impl.m else "direct"
     label = (f"{w[2]}x{w[3]} s{stride} {x[3]}->{w[0]} @ {y[1]}x{y[2]} ({algo})")
     return label, int(np.prod(y)) * int(np.prod(w[1:]))
 

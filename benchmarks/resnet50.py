@@ -53,10 +53,13 @@ def make_input(batch: int, seed: int = SEED) -> np.ndarray:
     return rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
 
 
-def runtimes_for(model, arrays: list[np.ndarray], onnx_path: Path) -> list[common.Runtime]:
-    """The runtimes compared, in table order (torch eager first: the reference)."""
+def runtimes_for(model, arrays: list[np.ndarray], onnx_path: Path, cpus=(),
+                 only=()) -> list[common.Runtime]:
+    """The runtimes compared, in table order (torch eager first: the reference); braze
+    also built for each CPU in `cpus` (LLVM names: kernels for that CPU, run here); only
+    those named by `only` (substrings), if given."""
     static = {"dynamic": False}  # one specialization per batch size, as braze and ORT have
-    return [
+    return runtimes.chosen([
         runtimes.torch_eager(model, arrays),
         runtimes.torch_compiled(model, arrays, "torch.compile (inductor)", **static),
         runtimes.torch_compiled(model, arrays, "torch.compile (inductor, freezing)",
@@ -66,10 +69,12 @@ def runtimes_for(model, arrays: list[np.ndarray], onnx_path: Path) -> list[commo
         runtimes.torch_compiled(model, arrays, "braze (torch.compile)", stock=False,
                                 backend="braze", **static),
         runtimes.braze_onnx(onnx_path, arrays),
-    ]
+        *(runtimes.braze_onnx(onnx_path, arrays, t) for t in runtimes.cpu_targets(cpus)),
+    ], only)
 
 
-def run_batch(model, batch: int, settings: Settings, workdir: Path) -> dict:
+def run_batch(model, batch: int, settings: Settings, workdir: Path, cpus=(),
+              only=()) -> dict:
     """Export, set up and time every runtime at one batch size."""
     import torch
 
@@ -78,7 +83,7 @@ def run_batch(model, batch: int, settings: Settings, workdir: Path) -> dict:
     case = f"batch {batch}"
     common.progress(f"{case}: exporting ONNX")
     onnx_path = runtimes.export_onnx(model, arrays, workdir / f"resnet50_b{batch}.onnx")
-    return common.measure(case, runtimes_for(model, arrays, onnx_path), settings)
+    return common.measure(case, runtimes_for(model, arrays, onnx_path, cpus, only), settings)
 
 
 def case_table(case: dict) -> str:
@@ -140,6 +145,12 @@ def parse_args(argv):
     p.add_argument("--update-results", action="store_true",
                    help="rewrite the ResNet-50 section of benchmarks/RESULTS.md")
     p.add_argument("--note", help="a sentence to print under the machine in RESULTS.md")
+    p.add_argument("--cpu", nargs="+", default=[], metavar="NAME",
+                   help="also run braze built for these LLVM CPUs (e.g. znver3 x86-64-v2; "
+                   "they must run on this machine)")
+    p.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                   help="run only the runtimes whose names contain one of these (torch "
+                   "eager, the reference, always runs)")
     args = p.parse_args(argv)
     if args.quick:
         args.batch, args.warmup, args.rounds = list(QUICK["batches"]), QUICK["warmup"], \
@@ -159,7 +170,8 @@ def main(argv=None) -> dict:
     model = build_model()
     with tempfile.TemporaryDirectory(prefix="braze-bench-") as tmp, \
             common.fresh_compile_caches(Path(tmp)):
-        cases = [run_batch(model, b, settings, Path(tmp)) for b in args.batch]
+        cases = [run_batch(model, b, settings, Path(tmp), args.cpu, args.only)
+                 for b in args.batch]
     payload = {"benchmark": "resnet50", "machine": common.machine_info(),
                "settings": settings.to_dict(), "cases": cases}
     print(report(payload))

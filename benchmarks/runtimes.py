@@ -108,16 +108,33 @@ def openvino(model_path: Path | str, arrays: list[np.ndarray]) -> Runtime:
     return Runtime("openvino", setup)
 
 
-def braze_onnx(model_path: Path | str, arrays: list[np.ndarray]) -> Runtime:
-    """braze's ONNX front end, bridge.compile_onnx, on the ONNX file; it compiles for
-    the inputs' shapes on the first call."""
+def braze_onnx(model_path: Path | str, arrays: list[np.ndarray], target: str = "cpu") -> Runtime:
+    """braze's ONNX front end, bridge.compile_onnx, on the ONNX file, for `target` (this
+    machine's CPU, or e.g. "cpu:znver3": kernels built for another CPU that runs here);
+    it compiles for the inputs' shapes on the first call."""
     def setup():
         import bridge
 
-        compiled = bridge.compile_onnx(str(model_path), target="cpu", threads=THREADS)
+        compiled = bridge.compile_onnx(str(model_path), target=target, threads=THREADS)
         return lambda: compiled(*arrays)
 
-    return Runtime("braze (compile_onnx)", setup, stock=False)
+    return Runtime(braze_name(target), setup, stock=False)
+
+
+def braze_name(target: str = "cpu") -> str:
+    """braze_onnx's runtime name for a target."""
+    return "braze (compile_onnx)" if target == "cpu" else f"braze (compile_onnx, {target})"
+
+
+def cpu_targets(cpus) -> list[str]:
+    """The --cpu names of a benchmark's command line as target specs."""
+    return [f"cpu:{c}" for c in cpus or []]
+
+
+def chosen(rts: list[Runtime], only) -> list[Runtime]:
+    """The first runtime (the reference) and those whose name contains one of `only`
+    (all of them when `only` is empty)."""
+    return rts[:1] + [r for r in rts[1:] if not only or any(o in r.name for o in only)]
 
 
 def export_onnx(module, arrays: list[np.ndarray], path: Path, opset: int = 17) -> Path:

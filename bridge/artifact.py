@@ -18,6 +18,7 @@ import numpy as np
 from bridge.inputs import InputSpec, bind_inputs
 from compiler.errors import ArtifactError, BrazeError, InputError
 from compiler.ir import Graph, IRError, verify
+from compiler.target import Target
 from compiler.text import constants, graphs_equal, parse_graph, print_graph
 from runtime.artifact import (
     ArtifactReader,
@@ -45,7 +46,7 @@ def save_model(model, specs: list, path) -> None:
                               "threads": model.options.threads}},
         "specializations": [_spec_data(w, f"spec{i}", s) for i, s in enumerate(specs)],
     }
-    w.write(path, manifest)
+    w.write(path, manifest, target=model.target)
 
 
 def _spec_data(w: ArtifactWriter, prefix: str, spec) -> dict:
@@ -98,8 +99,8 @@ def load(path, threads: int | None = None) -> LoadedModel:
     version, or compiled for another CPU. Runs no code from the file but the compiled
     kernels it holds, and never compiles (no LLVM).
     """
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise BrazeError(f"threads must be a positive integer, got {threads!r}")
+    if threads is not None:
+        _options({"threads": threads})  # checked before the file is read
     reader = ArtifactReader(path)
     try:
         return LoadedModel(reader, threads)
@@ -119,12 +120,17 @@ class LoadedModel:
         model = m["model"]
         self.path = reader.path
         self.target = model["target"]
+        self.compiled_for = Target.from_json(m["target"])  # what the kernels were built for
         self.input_specs = [InputSpec.from_json(d) for d in model["inputs"]]
         self.input_names = [s.name for s in self.input_specs]
         self.output_names = [str(n) for n in model["outputs"]]
-        self.threads = threads or int(model["options"]["threads"])
-        self.allow_fallback = bool(model["options"]["allow_fallback"])
-        self._specs = [_LoadedSpecialization(reader, d, self.threads)
+        saved = model["options"]
+        try:
+            opts = _options({**saved, **({} if threads is None else {"threads": threads})})
+        except BrazeError as e:
+            reader.fail(f"malformed manifest: options {saved!r}: {e}")
+        self.threads, self.allow_fallback = opts.threads, bool(opts.allow_fallback)
+        self._specs = [_LoadedSpecialization(reader, d, self.threads, self.compiled_for)
                        for d in m["specializations"]]
         if not self._specs:
             reader.fail("holds no compiled specialization")
@@ -169,7 +175,7 @@ class LoadedModel:
 class _LoadedSpecialization:
     """One saved input signature and its rebuilt Executable."""
 
-    def __init__(self, reader: ArtifactReader, d: dict, threads: int):
+    def __init__(self, reader: ArtifactReader, d: dict, threads: int, target: Target):
         self.shapes = {str(n): tuple(int(x) for x in s) for n, s in d["shapes"].items()}
         self.values = {str(n): reader.tensor(t) for n, t in d["values"].items()}
         self.input_names = [str(n) for n in d["inputs"]]
@@ -178,10 +184,18 @@ class _LoadedSpecialization:
         kinds = [st["kind"] for st in d["executable"]["steps"]]
         self.host_steps = kinds.count("host")
         self.executable = load_executable(d["executable"], reader,
-                                          lambda st: _load_step(reader, st, threads, opset))
+                                          lambda st: _load_step(reader, st, threads, opset,
+                                                                target))
 
 
-def _load_step(reader: ArtifactReader, st: dict, threads: int, opset: int):
+def _options(options: dict):
+    """compile_onnx's options, checked as compile_onnx checks them (threads' bounds)."""
+    from bridge.onnx_api import Options
+
+    return Options.from_kwargs(options)
+
+
+def _load_step(reader: ArtifactReader, st: dict, threads: int, opset: int, target: Target):
     """The runtime step a saved step describes: its object code, or a new onnxruntime
     session for its host sub-graph."""
     from bridge.onnx_api import host_step
@@ -193,7 +207,7 @@ def _load_step(reader: ArtifactReader, st: dict, threads: int, opset: int):
         return host_step(sub, threads, opset)
     if st["kind"] != "compiled":
         reader.fail(f"malformed manifest: unknown step kind {st['kind']!r}")
-    program = CpuProgram.from_object_code(sub, reader.read(st["object_code"]))
+    program = CpuProgram.from_object_code(sub, reader.read(st["object_code"]), target)
     compiled = CpuStep(program, threads)
     if _memory_plan(compiled) != st["memory"]:
         reader.fail(f"{st['label']}: this braze plans its memory differently from the code "

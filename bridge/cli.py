@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="fail instead of leaving any node to onnxruntime")
     p.add_argument("--threads", type=int, default=2,
                    help="threads the artifact runs with (default 2)")
+    p.add_argument("--cpu", default=None, metavar="NAME[,+F,-F]",
+                   help="compile for this LLVM CPU (e.g. znver3, haswell, x86-64-v2, "
+                   "neoverse-n1), features turned on or off after it; default: this machine")
+    p.add_argument("--triple", default=None,
+                   help="LLVM target triple (default: this machine's, or the one that knows "
+                   "--cpu, e.g. aarch64-unknown-linux-gnu for neoverse-n1)")
     _add_shapes(p)
     _add_common(p)
 

@@ -180,6 +180,8 @@ def _summary(a: np.ndarray) -> str:
 def cmd_compile(args) -> int:
     import bridge
     from bridge.cli import parse_shapes
+    from compiler.target import parse as parse_target
+    from compiler.target import spec_of
     from importers.onnx import load_model
 
     emit = args.emit or ("ptx" if args.target == "cuda" else "artifact")
@@ -190,13 +192,16 @@ def cmd_compile(args) -> int:
                          f", not --emit {emit}")
     if args.arch is not None and args.target != "cuda":
         raise BrazeError("--arch is for --target cuda")
+    if (args.cpu or args.triple) and args.target != "cpu":
+        raise BrazeError("--cpu and --triple are for --target cpu")
     if emit == "ptx":
         return _compile_ptx(args)
     src, out = Path(args.input), Path(args.output)
     t0 = time.perf_counter()
     model = load_model(src)
     shapes = concrete_shapes(model, parse_shapes(args.shape))
-    compiled = bridge.compile_onnx(model, allow_fallback=not args.no_fallback,
+    target = spec_of(args.cpu, args.triple)
+    compiled = bridge.compile_onnx(model, target=target, allow_fallback=not args.no_fallback,
                                    threads=args.threads)
     compiled.save(out, input_shapes=shapes)
     clusters = [c for s in compiled.saved_specializations() for c in s.clusters]
@@ -205,6 +210,7 @@ def cmd_compile(args) -> int:
           f"{time.perf_counter() - t0:.1f} s)")
     print(f"input shapes: {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}")
     print(f"clusters: {len(clusters) - host} compiled by braze, {host} on onnxruntime")
+    print(f"target: {parse_target(target).describe()}")
     return 0
 
 

@@ -85,12 +85,30 @@ def bind_inputs(specs: list[InputSpec], args, kwargs) -> list:
     return [check_input(spec, given[spec.name]) for spec in specs]
 
 
+def _as_array(spec: InputSpec, value) -> np.ndarray:
+    """A list, scalar or CPU tensor as an array of the declared dtype, converted only the
+    way numpy casts within a kind (floats never silently become integers)."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, RuntimeError) as e:  # ragged lists, tensors needing grad
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InputError(f"input {spec.name!r} ({spec.text}) is not an array: {why}") from None
+    if spec.dtype is None or array.dtype == spec.dtype:
+        return array
+    if array.dtype == object or not np.can_cast(array.dtype, spec.dtype, "same_kind"):
+        raise InputError(f"input {spec.name!r} must be {spec.dtype}, got {type(value).__name__} "
+                         f"of {array.dtype}")
+    return array.astype(spec.dtype)
+
+
 def check_input(spec: InputSpec, value):
     """The input as an array of the declared dtype and rank (InputError otherwise)."""
+    if isinstance(value, np.ndarray) and value.shape == spec.dims and value.dtype == spec.dtype:
+        return value  # the common call, checked in one comparison: static dims, right dtype
     if spec.dims is None:
         return value  # sequences, optionals: onnxruntime checks them
     if not isinstance(value, np.ndarray):
-        value = np.asarray(value, dtype=spec.dtype)
+        value = _as_array(spec, value)
     if spec.dtype is not None and value.dtype != spec.dtype:
         raise InputError(f"input {spec.name!r} must be {spec.dtype}, got {value.dtype}")
     if spec.dims == ANY_RANK:

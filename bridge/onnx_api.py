@@ -20,6 +20,8 @@ import numpy as np
 from bridge.inputs import bind_inputs, check_input, input_spec
 from compiler.errors import BrazeError, CompileError, InputError
 from compiler.ir import Graph
+from compiler.target import kind as target_kind
+from compiler.target import parse as parse_target
 from compiler.passes.cluster import (
     Cluster,
     describe_partition,
@@ -34,7 +36,9 @@ log = logging.getLogger("braze")
 # ever-changing shapes recompiles rather than growing without bound.
 MAX_SPECIALIZATIONS = 16
 
-TARGETS = ("cpu", "cuda")
+# Each thread is an OS thread (onnxruntime's pool, braze's kernels): a count beyond
+# any machine's cores is a typo that would start that many threads.
+MAX_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,10 @@ class Options:
             raise BrazeError(f"unknown option(s) {', '.join(unknown)}; "
                              f"known options: {', '.join(sorted(known))}")
         opts = cls(**options)
-        if not isinstance(opts.threads, int) or opts.threads < 1:
-            raise BrazeError(f"threads must be a positive integer, got {opts.threads!r}")
+        if (not isinstance(opts.threads, int) or isinstance(opts.threads, bool)
+                or not 1 <= opts.threads <= MAX_THREADS):
+            raise BrazeError(f"threads must be a positive integer up to {MAX_THREADS}, "
+                             f"got {opts.threads!r}")
         return opts
 
 
@@ -194,9 +200,9 @@ class CompiledOnnxModel:
         from importers.onnx import load_model
         from importers.onnx_load import check_versions
 
-        if target not in TARGETS:
-            raise BrazeError(f"unknown target {target!r}; braze compiles for {', '.join(TARGETS)}")
-        if target == "cuda":
+        if target_kind(target) == "cpu":  # TargetError for an unknown spec, CPU or feature
+            parse_target(target)
+        elif target == "cuda":
             from runtime.cuda import require_device
 
             require_device()  # BrazeError: no CUDA device was found
@@ -273,7 +279,7 @@ class CompiledOnnxModel:
         model's declared static shapes."""
         from bridge.artifact import save_model
 
-        if self.target != "cpu":
+        if target_kind(self.target) != "cpu":
             raise BrazeError(f"artifacts hold CPU code; saving a model compiled for "
                              f"{self.target!r} is not supported (braze compile --target cuda "
                              "--emit ptx writes its PTX)")

@@ -40,6 +40,8 @@ import torch
 
 from bridge.onnx_api import codegen_supports, first_refusal, run_pipeline, run_target_passes
 from compiler.errors import BrazeError, CompileError
+from compiler.target import kind as target_kind
+from compiler.target import parse as parse_target
 from compiler.passes.cluster import describe_partition, outline, partition
 
 log = logging.getLogger("braze")
@@ -75,9 +77,10 @@ class TorchOptions:
             raise BrazeError(f"unknown braze option(s) {', '.join(unknown)}; "
                              f"known options: {', '.join(sorted(known))}")
         opts = cls(**options)
-        if opts.target not in TARGETS:
+        if target_kind(opts.target) not in TARGETS:  # TargetError for an unknown spelling
             raise BrazeError(f"unknown target {opts.target!r}; braze compiles for "
                              f"{', '.join(TARGETS)}")
+        parse_target(opts.target)  # TargetError for an unknown CPU or feature
         if not isinstance(opts.threads, int) or opts.threads < 1:
             raise BrazeError(f"threads must be a positive integer, got {opts.threads!r}")
         return opts

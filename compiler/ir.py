@@ -127,8 +127,9 @@ class Node:
         return self.attrs["op_type"] if self.op == "host" else self.op
 
     def describe(self) -> str:
-        """'op node "name"' for error messages."""
-        return f'{self.op} node "{self.name}"' if self.name else f"{self.op} node"
+        """'op node "name"' for error messages (a host node's framework op, e.g. CumSum)."""
+        op = self.attrs.get("op_type", self.op) if self.op == "host" else self.op
+        return f'{op} node "{self.name}"' if self.name else f"{op} node"
 
     def __repr__(self) -> str:
         outs = ", ".join(f"%{v.name}" for v in self.outputs)

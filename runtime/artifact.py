@@ -1,8 +1,9 @@
 """Artifact files: one zip holding a JSON manifest, raw tensors and object code.
 
     manifest.json       format, format_version, braze_version, target (triple, CPU
-                        name, feature string), `entries` (sha256 of every other
-                        entry), and whatever the writer describes (bridge/artifact.py)
+                        name, feature string), `entries` (sha256 and size of every
+                        other entry), and whatever the writer describes
+                        (bridge/artifact.py)
     tensors/<hash>.npy  numpy arrays, content-addressed (shared weights stored once),
                         written and read with allow_pickle=False
     ...                 text (IR) and bytes (object code) under names the manifest gives
@@ -13,6 +14,14 @@ that the caller loads on purpose. `ArtifactReader` refuses, with one ArtifactErr
 saying why, a missing or non-zip file, a damaged entry, another format version,
 another braze version and another CPU. Writes are atomic (temporary file, then
 `os.replace`), so a reader never sees half an artifact.
+
+A hostile or damaged file costs the reader little: the manifest is read first,
+with a size and nesting bound; the versions and CPU are checked before any other
+entry is read; each entry's size in the zip directory must equal the size the
+manifest gives, the entries must fit in the file (a compressed entry may not
+expand more than MAX_EXPANSION times), and each is streamed with that size as
+its limit while its checksum is computed. Entries the manifest does not list are
+never read.
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,18 +46,32 @@ from runtime.executable import Executable, Step
 FORMAT = "braze-artifact"
 # Bump on any change a reader of the previous layout would misread; readers accept
 # exactly their own version (compiled code is tied to one braze anyway).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 3  # 2: `entries` gives each entry's size beside its sha256;
+# 3: the target names its spec, vector features and requirements
 MANIFEST = "manifest.json"
+# A manifest describes steps and names entries; the largest braze writes (hundreds of
+# specializations of a big model) stay far below this.
+MAX_MANIFEST_BYTES = 64 << 20
+# braze's manifests nest about 8 deep; a deeper one is not braze's, and parsing it
+# recursively could exhaust Python's stack.
+MAX_JSON_DEPTH = 32
+# braze stores entries uncompressed (ratio 1); an entry re-zipped with deflate
+# shrinks float weights under 2x and text about 10x. Zeros deflate up to ~1000x,
+# which is what a zip bomb uses: refuse expansion beyond this...
+MAX_EXPANSION = 64
+# ...except for small entries, whose expansion cannot cost much.
+SMALL_ENTRY = 1 << 20
 _ZIP_MAGIC = b"PK\x03\x04"
 _SHOWN_FEATURES = 6  # differing CPU features named in an error, at most
 
 
-def target_info() -> dict:
-    """This machine as a compile target: the LLVM triple, CPU name and feature string."""
-    from compiler.codegen import llvm_cpu
+def target_info(target=None) -> dict:
+    """A compile target (compiler/target.py; default: this machine) as manifest data: its
+    spec, LLVM triple, CPU name, feature string, vector features, the features its code
+    requires and its cache sizes."""
+    from compiler import target as targets
 
-    triple, cpu, features = llvm_cpu.host()
-    return {"triple": triple, "cpu": cpu, "features": features}
+    return targets.parse(target or targets.HOST).to_json()
 
 
 def looks_like_artifact(path) -> bool:
@@ -93,13 +118,15 @@ class ArtifactWriter:
                 self.object_tensors.append(name)
         return name
 
-    def write(self, path, manifest: dict) -> None:
-        """Write the zip at `path`; `manifest` gets the format, versions, target, checksums."""
+    def write(self, path, manifest: dict, target=None) -> None:
+        """Write the zip at `path`; `manifest` gets the format, versions, the target its
+        code is for (default: this machine), checksums."""
         path = Path(path)
         head = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                "braze_version": __version__, "target": target_info()}
+                "braze_version": __version__, "target": target_info(target)}
         body = {**head, **manifest, "object_tensors": sorted(self.object_tensors),
-                "entries": {n: hashlib.sha256(d).hexdigest() for n, d in self.entries.items()}}
+                "entries": {n: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+                            for n, d in self.entries.items()}}
         # a unique temporary name beside the target, created with the umask's permissions
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
@@ -125,26 +152,55 @@ class ArtifactReader:
     """An opened artifact: the checked manifest and its entries (checksums verified).
 
     Checks, in order, each with its own message: the file exists and is a zip with a
-    manifest; the format version; every entry's sha256; braze's version; the CPU.
+    manifest of bounded size and depth; the format version; braze's version; the CPU;
+    every entry's size (against the manifest, the file and MAX_EXPANSION), then its
+    sha256. Nothing but the manifest is read before the versions and CPU are known.
     """
 
     def __init__(self, path):
         self.path = Path(path)
-        self.manifest, self._data = _read_zip(self.path)
-        self._check_format()
-        self._check_entries()
-        self._check_version()
-        self._check_target()
-        self._objects = set(self.manifest.get("object_tensors", []))
+        _check_path(self.path)
+        with _zip_errors(self.path), zipfile.ZipFile(self.path) as zf:
+            self._file_bytes = self.path.stat().st_size
+            self.manifest = self._read_manifest(zf)
+            self._check_format()
+            self._check_version()
+            self._check_target()
+            self._data = self._read_entries(zf)
+        self._objects = self.manifest.get("object_tensors", [])
+        if not isinstance(self._objects, list) or not set(map(type, self._objects)) <= {str}:
+            self.fail("malformed manifest: object_tensors is not a list of entry names")
         self._tensors: dict[str, np.ndarray] = {}
 
     def fail(self, why: str):
         """Raise ArtifactError naming this file."""
         raise ArtifactError(f"{self.path}: {why}")
 
+    def _read_manifest(self, zf: zipfile.ZipFile) -> dict:
+        try:
+            info = zf.getinfo(MANIFEST)
+        except KeyError:
+            self.fail(f"not a braze artifact (no {MANIFEST})")
+        if info.file_size > MAX_MANIFEST_BYTES:
+            self.fail(f"{MANIFEST} claims {info.file_size} bytes, more than a braze manifest "
+                      f"holds (at most {MAX_MANIFEST_BYTES})")
+        self._check_member(info)
+        raw = self._stream(zf, info)
+        depth = json_depth(raw)
+        if depth > MAX_JSON_DEPTH:
+            self.fail(f"corrupted manifest: nested {depth} deep, braze's nest at most "
+                      f"{MAX_JSON_DEPTH}")
+        try:
+            manifest = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as e:  # ValueError: JSONDecodeError, digits
+            self.fail(f"corrupted manifest ({e})")
+        if not isinstance(manifest, dict):
+            self.fail("not a braze artifact (its manifest is not a JSON object)")
+        return manifest
+
     def _check_format(self) -> None:
         m = self.manifest
-        if not isinstance(m, dict) or m.get("format") != FORMAT:
+        if m.get("format") != FORMAT:
             self.fail("not a braze artifact (its manifest names no braze format)")
         v = m.get("format_version")
         if v != FORMAT_VERSION:
@@ -153,15 +209,67 @@ class ArtifactReader:
                       f"({__version__}) reads ({FORMAT_VERSION}); compile the model again "
                       "with this braze (`braze compile`)")
 
-    def _check_entries(self) -> None:
+    def _read_entries(self, zf: zipfile.ZipFile) -> dict[str, bytes]:
+        """Every entry the manifest lists: sizes checked first, then each streamed with
+        its size as the limit and compared with its checksum."""
+        listed = self._listed_entries()
+        infos = self._entry_infos(zf, listed)
+        data = {}
+        for name, (digest, _) in listed.items():
+            data[name] = self._stream(zf, infos[name])
+            if hashlib.sha256(data[name]).hexdigest() != digest:
+                self.fail(f"corrupted: entry {name!r} does not match its checksum")
+        return data
+
+    def _listed_entries(self) -> dict[str, tuple[str, int]]:
+        """The manifest's {name: (sha256, size)}, its shape checked."""
         entries = self.manifest.get("entries")
         if not isinstance(entries, dict):
             self.fail("malformed manifest: no entry checksums")
-        for name, digest in entries.items():
-            if name not in self._data:
+        for name, e in entries.items():
+            if (name == MANIFEST or not isinstance(e, dict) or not isinstance(e.get("sha256"), str)
+                    or not _is_size(e.get("size"))):
+                self.fail(f"malformed manifest: entry {name!r} has no checksum and size")
+        return {name: (e["sha256"], e["size"]) for name, e in entries.items()}
+
+    def _entry_infos(self, zf: zipfile.ZipFile, listed: dict) -> dict[str, zipfile.ZipInfo]:
+        """Each listed entry's zip directory record, its sizes checked before any read."""
+        infos = {}
+        for info in zf.infolist():
+            if info.filename in listed and infos.setdefault(info.filename, info) is not info:
+                self.fail(f"corrupted: entry {info.filename!r} appears twice")
+        file_bytes = self._file_bytes
+        for name, (_, size) in listed.items():
+            if name not in infos:
                 self.fail(f"corrupted: entry {name!r} is missing")
-            if hashlib.sha256(self._data[name]).hexdigest() != digest:
-                self.fail(f"corrupted: entry {name!r} does not match its checksum")
+            if infos[name].file_size != size:
+                self.fail(f"corrupted: entry {name!r} holds {infos[name].file_size} bytes, "
+                          f"its manifest says {size}")
+            self._check_member(infos[name])
+        stored = sum(i.compress_size for i in infos.values())
+        if stored > file_bytes:
+            self.fail(f"corrupted: its entries claim {stored} bytes, the file has {file_bytes}")
+        return infos
+
+    def _check_member(self, info: zipfile.ZipInfo) -> None:
+        """The entry fits in the file and expands within MAX_EXPANSION."""
+        name, packed, size = info.filename, info.compress_size, info.file_size
+        if packed > self._file_bytes:
+            self.fail(f"corrupted: entry {name!r} claims {packed} bytes, the file has "
+                      f"{self._file_bytes}")
+        if size > SMALL_ENTRY and size > MAX_EXPANSION * packed:
+            self.fail(f"entry {name!r} expands from {packed} to {size} bytes, more than "
+                      f"{MAX_EXPANSION}x (braze stores entries uncompressed): refused as a "
+                      "possible zip bomb")
+
+    def _stream(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+        """The entry's bytes: zipfile decompresses in chunks and stops at the declared
+        size (its CRC then fails if the entry held more), so this reads at most that."""
+        with zf.open(info) as f:
+            data = f.read(info.file_size)
+        if len(data) != info.file_size:
+            self.fail(f"corrupted: entry {info.filename!r} is shorter than it declares")
+        return data
 
     def _check_version(self) -> None:
         v = self.manifest.get("braze_version")
@@ -171,8 +279,12 @@ class ArtifactReader:
                       "(`braze compile`)")
 
     def _check_target(self) -> None:
-        saved, here = self.manifest.get("target") or {}, target_info()
+        saved, here = self.manifest.get("target"), target_info()
+        if not isinstance(saved, dict):
+            self.fail("malformed manifest: no target")
         again = "; compile the model again on this machine"
+        if saved.get("spec", "cpu") != "cpu":  # compiled for a named CPU
+            return self._check_requirements(saved, here, again)
         if saved.get("triple") != here["triple"]:
             self.fail(f"compiled for {saved.get('triple')}, this machine is {here['triple']}"
                       + again)
@@ -183,6 +295,20 @@ class ArtifactReader:
         if saved.get("features") != here["features"]:
             self.fail(f"compiled for CPU {here['cpu']!r} with other features than this "
                       f"machine's{features}" + again)
+
+    def _check_requirements(self, saved: dict, here: dict, again: str) -> None:
+        """Code for a named CPU runs on any machine of its architecture that has every
+        feature it requires."""
+        from compiler.target import arch_of
+
+        arch, here_arch = arch_of(str(saved.get("triple"))), arch_of(here["triple"])
+        if arch != here_arch:
+            self.fail(f"compiled for {saved.get('spec')} ({saved.get('triple')}), this "
+                      f"machine is {here['triple']}" + again)
+        missing = sorted(set(saved.get("requires") or []) - set(here["requires"]))
+        if missing:
+            self.fail(f"compiled for {saved.get('spec')}, whose features this machine "
+                      f"({here['cpu']}) lacks: {_few(missing)}" + again)
 
     # -- entries ------------------------------------------------------------
 
@@ -249,29 +375,44 @@ def _check_slots(reader: ArtifactReader, n: int, *groups) -> None:
                 reader.fail(f"malformed manifest: slot {s!r} outside 0..{n - 1}")
 
 
-def _read_zip(path: Path) -> tuple[dict, dict[str, bytes]]:
-    """The manifest and every entry's bytes, or one ArtifactError saying what is wrong."""
+def _check_path(path: Path) -> None:
     if not path.exists():
         raise ArtifactError(f"no such file: {path}")
     if path.is_dir():
         raise ArtifactError(f"{path} is a directory, not a braze artifact")
+
+
+@contextlib.contextmanager
+def _zip_errors(path: Path):
+    """zipfile's and the OS's errors while reading `path`, as one ArtifactError each."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-            if MANIFEST not in names:
-                raise ArtifactError(f"{path}: not a braze artifact (no {MANIFEST})")
-            data = {n: zf.read(n) for n in names}
+        yield
     except zipfile.BadZipFile as e:
         why = "corrupted" if str(e).startswith("Bad CRC") else \
             "not a braze artifact: not a zip file, or a truncated one"
         raise ArtifactError(f"{path}: {why} ({e})") from None
+    except (NotImplementedError, zlib.error) as e:  # an unknown compression, bad deflate
+        raise ArtifactError(f"{path}: corrupted ({e})") from None
     except (OSError, EOFError) as e:
         raise ArtifactError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        manifest = json.loads(data.pop(MANIFEST))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{path}: corrupted manifest ({e})") from None
-    return manifest, data
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep the JSON text's arrays and objects nest (strings skipped), without
+    parsing it (a parser would recurse that deep)."""
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub(b"", raw)):
+        depth += 1 if bracket in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _is_size(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _feature_diff(saved, here: str) -> str:

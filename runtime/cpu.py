@@ -22,6 +22,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from compiler import dtypes
+from compiler import target as targets
 from compiler.codegen import llvm_cpu
 from compiler.codegen.memory import ALIGN
 from compiler.errors import CompileError, InputError
@@ -36,12 +37,12 @@ class JitModule:
     this object lives."""
 
     def __init__(self, module: llvm.ModuleRef | None = None, object_code: bytes | None = None):
-        llvm_cpu.host()  # initializes the native target
+        llvm_cpu.init()
         llvm_cpu.libgomp()
         with _lock:
             # an engine owns (and frees) its target machine: give it its own
             self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
-                                                      llvm_cpu.new_target_machine())
+                                                      targets.target_machine(targets.host()))
             if module is not None:
                 self._engine.add_module(module)
                 self._module = module
@@ -63,7 +64,10 @@ class CpuStep:
 
     Introspection (the program's): `kernels` (fuse.Kernel: root value, the nodes it
     computes, its implementation), `plan`, `llvm_ir`, `object_code`, `slots`,
-    `arena_bytes` (intermediate memory per calling thread).
+    `arena_bytes` (intermediate memory per calling thread), `target`.
+
+    Code for a CPU this machine cannot run (another architecture, missing features) is
+    not loaded: `missing` names what this machine lacks, and `run` refuses.
     """
 
     def __init__(self, program, threads: int = 2):
@@ -74,9 +78,13 @@ class CpuStep:
         self._in_dtypes = [dtypes.to_numpy(v.dtype) for v in self._inputs]
         self._in_shapes = [v.shape for v in self._inputs]
         self._out_specs = [(v.shape, dtypes.to_numpy(v.dtype)) for v in self._outputs]
+        self._local = threading.local()
+        self.missing = program.target.missing_here()  # what this machine lacks to run it
+        if self.missing:
+            self._jit = self._fn = None
+            return
         self._jit = JitModule(object_code=program.object_code)  # keeps the code alive
         self._fn = _RUN(self._jit.address("run"))
-        self._local = threading.local()
 
     graph = property(lambda self: self.program.graph)
     plan = property(lambda self: self.program.plan)
@@ -85,6 +93,8 @@ class CpuStep:
     arena_bytes = property(lambda self: self.program.arena_bytes)
     object_code = property(lambda self: self.program.object_code)
     llvm_ir = property(lambda self: self.program.llvm_ir)
+    target = property(lambda self: self.program.target)
+    tile = property(lambda self: self.program.tile)
 
     def set_threads(self, threads: int) -> None:
         """Threads for big kernels (small ones run on the calling thread)."""
@@ -96,6 +106,8 @@ class CpuStep:
         return self.run(arrays)
 
     def run(self, arrays: list) -> list[np.ndarray]:
+        if self._fn is None:
+            self._refuse_to_run()
         state = self._local.__dict__.get("state") or self._thread_state()
         t, pools, address = state
         if len(arrays) != len(self._inputs):
@@ -123,6 +135,8 @@ class CpuStep:
         """Seconds per kernel (in `kernels` order): the median over `rounds` calls of a
         copy of this code that reads the CPU's cycle counter between kernels (compiled
         on first use, never cached), scaled to wall-clock time over each whole call."""
+        if self._fn is None:
+            self._refuse_to_run()
         prof = getattr(self, "_profiled", None)
         if prof is None:
             jit = JitModule(object_code=self.program.profiling_code())
@@ -142,6 +156,11 @@ class CpuStep:
         finally:
             self._fn = run
         return list(np.median(np.array(samples), axis=0))
+
+    def _refuse_to_run(self) -> None:
+        raise CompileError(f"this code is for {self.target.describe()}; this machine lacks "
+                           f"{', '.join(self.missing)}: it can be saved or inspected "
+                           "(object_code, llvm_ir), not run here")
 
     def _thread_state(self) -> tuple:
         """(pointer table, output pools, table address) of the calling thread; its arena

@@ -1,9 +1,12 @@
 """On-disk cache of compiled code: content-addressed, atomic writes, self-checking.
 
-An entry is stored as `<key>.bin`: a header line (magic, payload length, sha256
-of the payload) followed by the payload. A reader that finds a short file, a
-bad header or a wrong checksum treats the entry as absent and removes it, so a
-corrupted or half-written entry is recompiled, never trusted. Writers write to a
+An entry is stored as `<key>.bin`: a header line (magic, body length, sha256 of
+the body) followed by the body, which is the key, a newline and the payload. A
+reader that finds a short file, a bad header, a wrong checksum or a body holding
+another key (an entry copied or renamed over this one: its checksum is valid, its
+code is another graph's) treats the entry as absent and removes it, so a
+corrupted, half-written or misplaced entry is recompiled and rewritten, never
+trusted. Writers write to a
 temporary file in the same directory and `os.replace` it into place, so readers
 in other processes see either nothing or a whole entry.
 
@@ -18,7 +21,7 @@ import os
 import tempfile
 from pathlib import Path
 
-MAGIC = b"braze-cache-v1"
+MAGIC = b"braze-cache-v2"  # v2: the key is inside the checksummed body
 
 
 def default_dir() -> Path | None:
@@ -52,7 +55,7 @@ class DiskCache:
             data = path.read_bytes()
         except OSError:
             return None
-        payload = _unwrap(data)
+        payload = _unwrap(data, key)
         if payload is None:
             try:
                 path.unlink()
@@ -70,7 +73,7 @@ class DiskCache:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(_wrap(payload))
+                    f.write(_wrap(key, payload))
                 os.replace(tmp, path)
             except BaseException:
                 os.unlink(tmp)
@@ -79,13 +82,15 @@ class DiskCache:
             pass
 
 
-def _wrap(payload: bytes) -> bytes:
-    digest = hashlib.sha256(payload).hexdigest().encode()
-    return MAGIC + b" " + str(len(payload)).encode() + b" " + digest + b"\n" + payload
+def _wrap(key: str, payload: bytes) -> bytes:
+    body = key.encode() + b"\n" + payload
+    digest = hashlib.sha256(body).hexdigest().encode()
+    return MAGIC + b" " + str(len(body)).encode() + b" " + digest + b"\n" + body
 
 
-def _unwrap(data: bytes) -> bytes | None:
-    header, sep, payload = data.partition(b"\n")
+def _unwrap(data: bytes, key: str) -> bytes | None:
+    """The payload of a whole entry written under `key`; None for anything else."""
+    header, sep, body = data.partition(b"\n")
     parts = header.split(b" ")
     if not sep or len(parts) != 3 or parts[0] != MAGIC:
         return None
@@ -93,6 +98,7 @@ def _unwrap(data: bytes) -> bytes | None:
         length = int(parts[1])
     except ValueError:
         return None
-    if len(payload) != length or hashlib.sha256(payload).hexdigest().encode() != parts[2]:
+    if len(body) != length or hashlib.sha256(body).hexdigest().encode() != parts[2]:
         return None
-    return payload
+    stored, sep, payload = body.partition(b"\n")
+    return payload if sep and stored == key.encode() else None

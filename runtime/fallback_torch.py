@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from compiler import dtypes
+from compiler.errors import BrazeError, host_op_error
 from compiler.ir import Graph, Node
 
 log = logging.getLogger("braze")
@@ -242,13 +243,15 @@ class TorchHostStep:
     """Runs a host cluster's sub-graph with eager torch: `step(args) -> list of tensors`.
 
     `host_ops` maps a host node's payload key to a callable `(list of tensors) -> list
-    of tensors` that runs its framework op (importers/fx.py: HostOp)."""
+    of tensors` that runs its framework op (importers/fx.py: HostOp). An exception a
+    node raises comes out as a HostOpError naming the node that is also an instance of
+    torch's class (IndexError, RuntimeError...), with torch's exception as its cause."""
 
     def __init__(self, graph: Graph, host_ops: dict):
         self.graph = graph
         slots = {v: i for i, v in enumerate(graph.inputs)}
         self._consts: dict[int, torch.Tensor] = {}
-        self._plan: list[tuple[Callable, tuple, tuple]] = []
+        self._plan: list[tuple[Node, Callable, tuple, tuple]] = []
         for n in graph.nodes:
             for o in n.outputs:
                 slots[o] = len(slots)
@@ -256,7 +259,7 @@ class TorchHostStep:
             if n.op == "const":
                 self._consts[outs[0]] = to_torch(n.attrs["value"])
                 continue
-            self._plan.append((self._runner(n, host_ops), tuple(slots[v] for v in n.inputs),
+            self._plan.append((n, self._runner(n, host_ops), tuple(slots[v] for v in n.inputs),
                                outs))
         self._n_slots = len(slots)
         self._outputs = tuple(slots[v] for v in graph.outputs)
@@ -279,11 +282,22 @@ class TorchHostStep:
             env[i] = to_torch(a)
         for s, t in self._consts.items():
             env[s] = t
-        for fn, ins, outs in self._plan:
-            results = fn([env[i] for i in ins])
+        for node, fn, ins, outs in self._plan:
+            try:
+                results = fn([env[i] for i in ins])
+            except BrazeError:
+                raise
+            except Exception as e:
+                raise host_op_error(f"torch failed running {node.describe()}: "
+                                    f"{_first_line(e)}", e, keep_type=True) from e
             for s, r in zip(outs, results):
                 env[s] = r
         return [env[s] for s in self._outputs]
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 class _IROpCall:

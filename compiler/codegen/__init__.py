@@ -11,10 +11,12 @@ compiler/codegen/compiled.py; runtime/cpu.py runs it) for the CPU, or a CudaProg
 from __future__ import annotations
 
 from compiler.codegen.ops_llvm import INT_REFUSED, SUPPORTED_DTYPES
-from compiler.errors import CompileError
+from compiler.errors import BrazeError, CompileError
 from compiler.ir import Graph, Node
 from compiler.ops import Family
+from compiler.target import kind as target_kind
 
+# Codegens; "cpu" also takes "cpu:<LLVM CPU name>..." (compiler/target.py parses those).
 TARGETS = ("cpu", "cuda")
 
 _LIBRARY_CLASS = "library-class op {op}: not yet compiled by braze (runs on the host library)"
@@ -22,8 +24,9 @@ _LIBRARY_CLASS = "library-class op {op}: not yet compiled by braze (runs on the 
 
 def supports(node: Node, target: str = "cpu") -> str | None:
     """None if braze compiles `node` for `target`; otherwise the reason it does not."""
-    if target not in TARGETS:
+    if _kind(target) not in TARGETS:
         return f"no braze codegen for target {target!r}"
+    target = _kind(target)
     family = node.opdef.family
     if family is Family.HOST:
         return node.attrs.get("reason") or "host op"
@@ -52,8 +55,9 @@ def supports(node: Node, target: str = "cpu") -> str | None:
 def channels_last_refusal(node: Node, target: str = "cpu") -> str | None:
     """None if braze compiles conv/pool `node` channels-last for `target`, else why not
     (the layout pass converts exactly these; compiler/kernels/conv.py runs the convs)."""
-    if target not in TARGETS:
+    if _kind(target) not in TARGETS:
         return f"no braze codegen for target {target!r}"
+    target = _kind(target)
     if target == "cuda":
         return "channels-last conv and pooling kernels are CPU-only"
     x = node.inputs[0]
@@ -66,19 +70,31 @@ def channels_last_refusal(node: Node, target: str = "cpu") -> str | None:
     return conv.refusal(node)
 
 
-def compile_graph(subgraph: Graph, target: str = "cpu", cache=None, arch: str | None = None):
+def _kind(target) -> str | None:
+    """"cpu" or "cuda" for a target spec (or Target), None for one braze does not know."""
+    try:
+        return target_kind(target)
+    except BrazeError:
+        return None
+
+
+def compile_graph(subgraph: Graph, target="cpu", cache=None, arch: str | None = None):
     """Compile a cluster's sub-graph into a CpuProgram (object code and memory plan; run it
     with runtime.cpu.CpuStep), or for target "cuda" into a CudaProgram (PTX for `arch`,
     default sm_80; runtime.cuda.CudaStep runs it). Neither needs the device to exist.
+    A CPU target is "cpu" (this machine), "cpu:<LLVM CPU name>[,+f,-f][@triple]" or a
+    compiler.target.Target; code for a CPU this machine cannot run compiles (CpuStep
+    refuses to run it).
 
     `cache`: any object with get(key)/put(key, bytes) for the object code (or PTX).
     CompileError names the first node braze cannot compile, and why.
     """
+    target_kind(target)  # TargetError on a malformed spec
     for n in subgraph.nodes:
         reason = supports(n, target)
         if reason is not None:
             raise CompileError(f"cannot compile {n.describe()} for {target}: {reason}")
-    if target == "cuda":
+    if target_kind(target) == "cuda":
         from compiler.codegen.cuda import compile_cuda
         from compiler.codegen.nvptx import DEFAULT_ARCH
 
@@ -87,4 +103,4 @@ def compile_graph(subgraph: Graph, target: str = "cpu", cache=None, arch: str | 
     from compiler.codegen.compiled import compile_cpu
 
     with gc_paused():
-        return compile_cpu(subgraph, cache=cache)
+        return compile_cpu(subgraph, cache=cache, target=target)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from compiler import __version__
+from compiler import target as targets
 from compiler.codegen import llvm_cpu
 from compiler.codegen.cpu import PACKED, Renderer, SplitRender
 from compiler.codegen.memory import MemoryPlan, plan_memory
@@ -37,20 +38,27 @@ PARALLEL_PARTS = 2
 class CpuProgram:
     """A cluster compiled for the host CPU (runtime/cpu.py: CpuStep loads and runs it).
 
-    `object_code`: host machine code (cacheable; one ELF object or several joined by
-    llvm_cpu.join_objects) whose entry is `run(ptr table, i32 threads)`; `memory`: the
-    slots of that table and the arena (memory.MemoryPlan); `plan`: the FusionPlan (its
-    kernels, with each one's implementation and reasons)."""
+    `object_code`: machine code for `target` (compiler/target.py; cacheable; one ELF object
+    or several joined by llvm_cpu.join_objects) whose entry is `run(ptr table, i32
+    threads)`; `memory`: the slots of that table and the arena (memory.MemoryPlan);
+    `plan`: the FusionPlan (its kernels, with each one's implementation and reasons).
+    Code for a CPU this machine cannot run compiles; runtime/cpu.py refuses to run it."""
 
     graph: Graph
     plan: FusionPlan
     memory: MemoryPlan
     object_code: bytes
+    target: targets.Target
     _llvm_ir: str | None = None
 
     @property
     def kernels(self) -> list:
         return self.plan.kernels
+
+    @property
+    def tile(self) -> gemm.Tile:
+        """The target's register tile (compiler/kernels/gemm.py) the kernels were built on."""
+        return gemm.Tile.of(self.target)
 
     @property
     def slots(self) -> dict:
@@ -64,37 +72,41 @@ class CpuProgram:
     def llvm_ir(self) -> str:
         """The rendered LLVM module (rendered on demand when the code came from a cache)."""
         if self._llvm_ir is None:
-            self._llvm_ir = Renderer(self.graph, self.plan, self.slots).render()
+            self._llvm_ir = Renderer(self.graph, self.plan, self.slots, self.target).render()
         return self._llvm_ir
 
     def profiling_code(self) -> bytes:
         """Object code of a copy of this program whose entry `run_profiled(table, threads,
         stamps)` also writes the CPU's cycle counter before the first kernel and after
         each (stamps: i64[kernels + 1]); compiled on each call, never cached."""
-        return _compile_uncached(Renderer(self.graph, self.plan, self.slots,
-                                          profile=True).render())
+        text = Renderer(self.graph, self.plan, self.slots, self.target, profile=True).render()
+        return _compile_uncached(text, self.target)
 
     @classmethod
-    def from_object_code(cls, graph: Graph, object_code: bytes) -> CpuProgram:
+    def from_object_code(cls, graph: Graph, object_code: bytes,
+                         target=targets.HOST) -> CpuProgram:
         """The program whose code `object_code` is (saved from one compiled for this same
-        graph by this same braze): the plans are recomputed, LLVM is not run."""
-        kplan, memory = _plans(graph)
-        return cls(graph, kplan, memory, object_code)
+        graph and target by this same braze): the plans are recomputed, LLVM is not run."""
+        target = targets.parse(target)
+        kplan, memory = _plans(graph, target)
+        return cls(graph, kplan, memory, object_code, target)
 
 
-def compile_cpu(graph: Graph, cache=None) -> CpuProgram:
-    """Plan, render and compile a cluster for the host CPU (object code from `cache`,
-    any object with get(key)/put(key, bytes), when it has this graph's)."""
-    kplan, memory = _plans(graph)
-    program = CpuProgram(graph, kplan, memory, b"")
+def compile_cpu(graph: Graph, cache=None, target=targets.HOST) -> CpuProgram:
+    """Plan, render and compile a cluster for a CPU (`target`: a compiler/target.py Target
+    or spec, default this machine), object code from `cache` (any object with
+    get(key)/put(key, bytes)) when it has this graph's."""
+    target = targets.parse(target)
+    kplan, memory = _plans(graph, target)
+    program = CpuProgram(graph, kplan, memory, b"", target)
     program.object_code = _compile(program, cache)
     return program
 
 
-def _plans(graph: Graph) -> tuple[FusionPlan, MemoryPlan]:
+def _plans(graph: Graph, target: targets.Target) -> tuple[FusionPlan, MemoryPlan]:
     """The fusion plan and memory plan of a cluster (constants it reads unpacked, then
     the packed ones, get slots; packing happens here, once)."""
-    kplan = plan(graph)
+    kplan = plan(graph, target)
     packed = packed_operands(kplan.kernels)
     unpacked = read_unpacked(graph, kplan.kernels)
     consts = [(n.outputs[0], np.ascontiguousarray(n.attrs["value"])) for n in graph.nodes
@@ -107,7 +119,7 @@ def _compile(program: CpuProgram, cache) -> bytes:
     and compiled. The key is the graph's text, not the LLVM IR's: a hit costs no rendering
     (kernels read constants through pointers, so the code does not depend on large
     constants' values, which the text names but does not hold)."""
-    key = cache_key(program.graph) if cache is not None else None
+    key = cache_key(program.graph, program.target) if cache is not None else None
     obj = cache.get(key) if key is not None else None
     if obj is None:
         obj = _render_and_compile(program, key)
@@ -123,13 +135,13 @@ def _render_and_compile(program: CpuProgram, key: str | None) -> bytes:
     graph = program.graph
     if parts > 1:
         tag = f"braze.{(key or hashlib.sha256(print_graph(graph).encode()).hexdigest())[:16]}"
-        split = SplitRender(graph, program.plan, program.slots, tag, parts)
+        split = SplitRender(graph, program.plan, program.slots, program.target, tag, parts)
         if split.groups >= PARALLEL_MIN_GROUPS:
             try:
-                return llvm_cpu.compile_parts(split.render, parts)
+                return llvm_cpu.compile_parts(split.render, parts, program.target)
             except RuntimeError as e:
                 raise CompileError(f"LLVM rejected braze's IR: {e}") from None
-    return _compile_uncached(program.llvm_ir)
+    return _compile_uncached(program.llvm_ir, program.target)
 
 
 def packers(kernel) -> dict:
@@ -138,11 +150,13 @@ def packers(kernel) -> dict:
     impl = kernel.impl
     if impl is None or not impl.packs_operands:
         return {}
+    tile = impl.tile
+    bias = functools.partial(conv.pack_bias, tile=tile)
     if impl.name == choice.GEMM:
-        return {1: gemm.pack_b}
+        return {1: functools.partial(gemm.pack_b, tile=tile)}
     if impl.name == choice.WINOGRAD:
-        return {1: lambda w: winograd.pack_weight(w, impl.tile), 2: conv.pack_bias}
-    return {1: conv.pack_weight, 2: conv.pack_bias}
+        return {1: lambda w: winograd.pack_weight(w, impl.m, tile), 2: bias}
+    return {1: functools.partial(conv.pack_weight, tile=tile), 2: bias}
 
 
 def packed_operands(kernels) -> dict:
@@ -168,11 +182,12 @@ def read_unpacked(graph: Graph, kernels) -> set[Value]:
     return out
 
 
-def cache_key(graph: Graph) -> str:
-    """The compile cache's key for a cluster: its IR text, the host CPU, braze's version
-    and a fingerprint of the compiler's own source (a changed codegen never reuses code)."""
+def cache_key(graph: Graph, target: targets.Target) -> str:
+    """The compile cache's key for a cluster: its IR text, the target CPU (triple, name,
+    features), braze's version and a fingerprint of the compiler's own source (a changed
+    codegen never reuses code)."""
     text = print_graph(graph)
-    parts = [text, *llvm_cpu.host(), __version__, compiler_fingerprint()]
+    parts = [text, *target.key(), __version__, compiler_fingerprint()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -199,8 +214,8 @@ def parallel_parts() -> int:
                       if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def _compile_uncached(llvm_ir: str) -> bytes:
+def _compile_uncached(llvm_ir: str, target: targets.Target) -> bytes:
     try:
-        return llvm_cpu.compile_ir(llvm_ir)
+        return llvm_cpu.compile_ir(llvm_ir, target)
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected braze's IR: {e}") from None

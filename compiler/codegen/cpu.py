@@ -36,6 +36,7 @@ from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
 from compiler.kernels import choice, conv, gemm, winograd
 from compiler.passes.fuse import Kernel
+from compiler.target import Target
 
 PTR = ir.PointerType()
 PACKED = "packed"  # slot-table tag of a weight packed for the GEMM (compiled.py fills it)
@@ -55,8 +56,11 @@ VERIFY_TWINS = os.environ.get("BRAZE_VERIFY_TWINS") == "1"
 class Renderer:
     """Builds the LLVM module of one cluster (`render() -> LLVM IR text`)."""
 
-    def __init__(self, graph: Graph, kplan, slots: dict[Value, int], profile: bool = False):
+    def __init__(self, graph: Graph, kplan, slots: dict[Value, int], target: Target,
+                 profile: bool = False):
         self.graph, self.plan, self.slots = graph, kplan, slots
+        # the CPU compiled for (compiler/target.py) and the register tile it gives
+        self.target, self.tile = target, gemm.Tile.of(target)
         # profile: the entry is `run_profiled(table, threads, stamps)`, which also writes
         # the CPU's cycle counter before the first kernel and after each (stamps: i64[n+1])
         self.profile = profile
@@ -241,14 +245,14 @@ class Renderer:
         None when the kernel's root is the contraction's own result."""
         if k.root is k.contraction.outputs[0]:
             return None
-        n = k.root.shape[-1]
+        n, nr = k.root.shape[-1], self.tile.nr
 
         def after(b, rows, row0, panel):
-            col0 = b.mul(panel, i64(gemm.NR))
+            col0 = b.mul(panel, i64(nr))
             left = b.sub(i64(n), col0)
             # whole panels: a constant trip count, vectorized with no remainder loop
-            cols = i64(gemm.NR) if n % gemm.NR == 0 else \
-                b.select(b.icmp_signed("<", left, i64(gemm.NR)), left, i64(gemm.NR))
+            cols = i64(nr) if n % nr == 0 else \
+                b.select(b.icmp_signed("<", left, i64(nr)), left, i64(nr))
             # a loop, not unrolled per row: the epilogue is cheap next to the tile, and one
             # copy of it keeps the kernel's code (and LLVM's compile time) small
             counted_loop(b, row0, b.add(row0, i64(rows)),
@@ -288,21 +292,21 @@ class Renderer:
         apply = self._register_apply(ptrs, k)
         if apply is None:
             return None
-        n = k.root.shape[-1]
+        n, t = k.root.shape[-1], self.tile
 
         def transform(b, rows, row0, col0, vals):
             out = []
             for r in range(rows):
                 base = b.add(b.mul(b.add(row0, i64(r)), i64(n)), col0)
-                for v in range(gemm.NV):
-                    out.append(apply(b, vals[r * gemm.NV + v], b.add(base, i64(v * gemm.VEC)),
-                                     b.add(col0, i64(v * gemm.VEC))))
+                for v in range(t.nv):
+                    out.append(apply(b, vals[r * t.nv + v], b.add(base, i64(v * t.vec)),
+                                     b.add(col0, i64(v * t.vec))))
             return out
 
         return transform
 
     def _register_apply(self, ptrs, k: Kernel):
-        """`apply(b, vec, off, col) -> vec`: the epilogue on one output vector (16 floats at
+        """`apply(b, vec, off, col) -> vec`: the epilogue on one output vector (`vec` floats at
         element offset `off` of the root, channel `col`), where every op is one vector
         instruction (REGISTER_OPS) and every other operand a scalar constant, a buffer of
         the root's shape, or a row of N values broadcast along the rows (bias-like);
@@ -310,7 +314,7 @@ class Renderer:
         root, raw = k.root, k.contraction.outputs[0]
         n = root.shape[-1]
         epi = [node for node in k.nodes if node is not k.contraction]
-        if not epi or root.dtype != "f32" or n % gemm.NR:
+        if not epi or root.dtype != "f32" or n % self.tile.nr:
             return None
         inside = {raw} | {node.outputs[0] for node in epi}
         for node in epi:
@@ -323,7 +327,8 @@ class Renderer:
         def apply(b, vec, off, col):
             env = {raw: vec}
             for node in epi:
-                args = [env[u] if u in env else _operand_vector(b, u, root, ptrs, off, col)
+                args = [env[u] if u in env else
+                        _operand_vector(b, u, root, ptrs, off, col, self.tile.vtype)
                         for u in node.inputs]
                 env[node.outputs[0]] = REGISTER_OPS[node.op](b, *args)
             return env[root]
@@ -339,7 +344,7 @@ class Renderer:
         if apply is not None:
             return apply, None
         return None, lambda b, pixel, col: self._epilogue(b, ptrs, k, pixel, col,
-                                                          i64(gemm.VEC))
+                                                          i64(self.tile.vec))
 
     def _tile_prefetch(self, ptrs, k: Kernel):
         """A function that prefetches, before a tile's K loop, the lines of the tile in the
@@ -353,12 +358,14 @@ class Renderer:
             u for node in k.nodes if node is not k.contraction for u in node.inputs)
             if u in ptrs and u is not root and u.shape == root.shape]
 
+        nr = self.tile.nr
+
         def before(b, rows, row0, panel):
-            col0 = b.mul(panel, i64(gemm.NR))
+            col0 = b.mul(panel, i64(nr))
             for r in range(rows):
                 base = b.add(b.mul(b.add(row0, i64(r)), i64(n)), col0)
                 for v, write in [(root, True)] + [(u, False) for u in reads]:
-                    for line in range(0, gemm.NR, 64 // dtypes.itemsize(v.dtype)):
+                    for line in range(0, nr, 64 // dtypes.itemsize(v.dtype)):
                         ptr = b.gep(ptrs[v], [b.add(base, i64(line))],
                                     source_etype=storage_type(v.dtype), inbounds=True)
                         gemm.prefetch(b, ptr, write)
@@ -485,10 +492,12 @@ class SplitRender:
     calls the other parts' functions by their exported names `<tag>.k<group>` (`tag`
     makes them unique to this cluster's code)."""
 
-    def __init__(self, graph: Graph, kplan, slots: dict[Value, int], tag: str,
+    def __init__(self, graph: Graph, kplan, slots: dict[Value, int], target: Target, tag: str,
                  parts: int = 2):
         self.graph, self.plan, self.slots, self.tag = graph, kplan, slots, tag
-        probe = Renderer(graph, kplan, slots)
+        self.target = target
+        probe = Renderer(graph, kplan, slots, target)
+        self.tile = probe.tile
         self.group: list[int] = []  # kernel index -> its group
         self.first: list[int] = []  # group -> its first kernel's index
         seen: dict[tuple, int] = {}
@@ -524,7 +533,7 @@ class SplitRender:
     def render(self, part: int) -> str:
         """LLVM IR of one part: its groups' functions (exported), and for part 0 the
         entry, with the other parts' functions declared."""
-        r = Renderer(self.graph, self.plan, self.slots)
+        r = Renderer(self.graph, self.plan, self.slots, self.target)
         kernels = self.plan.kernels
         fns: dict[int, ir.Function] = {}
         for g, i in enumerate(self.first):
@@ -640,15 +649,15 @@ def _operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
     return None
 
 
-def _operand_vector(b, u: Value, root: Value, ptrs: dict, off, col):
-    """The 16 lanes of `u` for one output vector (element offset `off` of the root,
-    channel `col`), per `_operand_kind`."""
+def _operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype):
+    """The lanes of `u` for one output vector of type `vtype` (element offset `off` of the
+    root, channel `col`), per `_operand_kind`."""
     kind = _operand_kind(u, root, ptrs)
     if kind == "scalar":
-        return gemm.splat_constant(b, u.const_value.reshape(-1)[0])
+        return gemm.splat_constant(b, u.const_value.reshape(-1)[0], vtype)
     ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
                 inbounds=True)
-    return b.load(ptr, typ=gemm.V16, align=4)
+    return b.load(ptr, typ=vtype, align=4)
 
 
 class _RowCache:

@@ -1,9 +1,11 @@
-"""The host CPU as an LLVM target: initialization, the target machine, compiling a module.
+"""CPUs as LLVM targets: the target machine, compiling a module to object code.
 
 Render (an llvmlite.ir.Module) and compile (optimize at -O3 with the new pass
-manager for the host's CPU name and features, AVX-512 included) happen here; loading
-(an MCJIT engine, kept alive as long as any function pointer from it is used) is
-runtime/cpu.py's JitModule, so compiled object code can also be cached and reloaded.
+manager for a compiler/target.py Target: the host's CPU name and features by
+default, or another CPU's) happen here; loading (an MCJIT engine on this machine,
+kept alive as long as any function pointer from it is used) is runtime/cpu.py's
+JitModule, so compiled object code can also be cached, reloaded, or written for a
+CPU that is not this one.
 
 Threads: kernels split their outer loops with GNU OpenMP's `GOMP_parallel`
 (libgomp, loaded once): a warm team launches in microseconds, with no Python
@@ -23,13 +25,17 @@ from typing import Callable
 
 import llvmlite.binding as llvm
 
+from compiler import target as targets
+from compiler.target import Target
+
 log = logging.getLogger("braze")
 
 
 @functools.cache
-def _init() -> None:
+def init() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    targets.init()
 
 
 @functools.cache
@@ -48,30 +54,18 @@ def libgomp() -> bool:
 
 
 @functools.cache
-def host() -> tuple[str, str, str]:
-    """(triple, CPU name, feature string) of this machine."""
-    _init()
-    return (llvm.get_process_triple(), llvm.get_host_cpu_name(),
-            llvm.get_host_cpu_features().flatten())
+def target_machine(target: Target | None = None) -> llvm.TargetMachine:
+    """The shared target machine of `target` (default: the host) for optimizing and
+    emitting (never given to an engine)."""
+    init()
+    return targets.target_machine(target or targets.host())
 
 
-@functools.cache
-def target_machine() -> llvm.TargetMachine:
-    """The shared target machine for optimizing and emitting (never given to an engine)."""
-    return new_target_machine()
-
-
-def new_target_machine() -> llvm.TargetMachine:
-    triple, cpu, features = host()
-    target = llvm.Target.from_triple(triple)
-    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="default",
-                                        codemodel="large")
-
-
-def optimize(module_text: str) -> llvm.ModuleRef:
-    """Parse and optimize LLVM IR for the host at -O3 (loop and SLP vectorizers on)."""
-    _init()
-    tm = target_machine()
+def optimize(module_text: str, target: Target | None = None) -> llvm.ModuleRef:
+    """Parse and optimize LLVM IR for `target` (default: the host) at -O3 (loop and SLP
+    vectorizers on: they widen to the target's vectors)."""
+    init()
+    tm = target_machine(target)
     mod = llvm.parse_assembly(module_text)
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
@@ -85,9 +79,19 @@ def optimize(module_text: str) -> llvm.ModuleRef:
     return mod
 
 
-def emit_object(module: llvm.ModuleRef) -> bytes:
-    """Machine code for the host, to cache on disk and load with runtime.cpu.JitModule."""
-    return target_machine().emit_object(module)
+def emit_object(module: llvm.ModuleRef, target: Target | None = None) -> bytes:
+    """Machine code for `target` (default: the host), to cache on disk and load with
+    runtime.cpu.JitModule where the target runs."""
+    return target_machine(target).emit_object(module)
+
+
+def emit_assembly(module_text: str, target: Target | None = None, verbose: bool = True) -> str:
+    """Optimized assembly text of LLVM IR for `target` (verbose: with LLVM's comments
+    marking loops, spills and reloads)."""
+    mod = optimize(module_text, target)
+    tm = targets.target_machine(target or targets.host())
+    tm.set_asm_verbosity(verbose)
+    return tm.emit_assembly(mod)
 
 
 # Several object files as one blob (what the compile cache and artifacts store): MAGIC,
@@ -119,12 +123,13 @@ def split_objects(blob: bytes) -> list[bytes]:
     return out
 
 
-def compile_ir(module_text: str) -> bytes:
-    """Object code of one LLVM IR module (optimized for the host)."""
-    return emit_object(optimize(module_text))
+def compile_ir(module_text: str, target: Target | None = None) -> bytes:
+    """Object code of one LLVM IR module, optimized for `target` (default: the host)."""
+    return emit_object(optimize(module_text, target), target)
 
 
-def compile_parts(render: Callable[[int], str], parts: int) -> bytes:
+def compile_parts(render: Callable[[int], str], parts: int,
+                  target: Target | None = None) -> bytes:
     """Object code of `parts` modules, `render(p)` -> IR text of part p, as one blob.
 
     LLVM calls through llvmlite hold one process-wide lock, so parts cannot compile on
@@ -133,14 +138,14 @@ def compile_parts(render: Callable[[int], str], parts: int) -> bytes:
     part 0. A child that fails leaves its part to this process, which then compiles it
     itself (and raises any error there, as a serial compile would)."""
     if parts == 1 or not hasattr(os, "fork") or llvmlite_lock() is None:
-        return join_objects([compile_ir(render(p)) for p in range(parts)])
-    children = [_fork_part(render, p) for p in range(1, parts)]
-    objects = [compile_ir(render(0))]
+        return join_objects([compile_ir(render(p), target) for p in range(parts)])
+    children = [_fork_part(render, p, target) for p in range(1, parts)]
+    objects = [compile_ir(render(0), target)]
     for p, child in enumerate(children, start=1):
         obj = _collect(child)
         if obj is None:
             log.debug("braze: compile worker for part %d failed; compiling it here", p)
-            obj = compile_ir(render(p))
+            obj = compile_ir(render(p), target)
         objects.append(obj)
     return join_objects(objects)
 
@@ -159,9 +164,9 @@ def llvmlite_lock():
     return lock if hasattr(lock, "__enter__") and hasattr(lock, "__exit__") else None
 
 
-def _fork_part(render, part: int):
+def _fork_part(render, part: int, target: Target | None):
     """(pid, read end) of a child compiling `part`, or None when fork fails."""
-    _init()
+    init()
     read, write = os.pipe()
     # no other thread may hold llvmlite's lock across the fork (the child would wait
     # for it forever): take it here, and the child (this thread's copy) releases it
@@ -179,7 +184,7 @@ def _fork_part(render, part: int):
         status = 1
         try:
             os.close(read)
-            obj = compile_ir(render(part))
+            obj = compile_ir(render(part), target)
             with os.fdopen(write, "wb") as out:
                 out.write(struct.pack("<Q", len(obj)) + obj)
             status = 0

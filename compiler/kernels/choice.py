@@ -1,7 +1,7 @@
 """Which kernel runs a contraction: decided once per fusion-plan kernel, read everywhere.
 
 `choose(node, target)` returns an `Impl`: the implementation's name, its parameters
-(Winograd's tile size) and the sentence saying why it was picked. fuse.plan stores it
+(Winograd's m, the target's register tile) and the sentence saying why it was picked. fuse.plan stores it
 as `Kernel.impl`; cpu.py (rendering, trip counts, code-size estimate), compiled.py
 (packed operands) and benchmarks/layers.py read that field, never the refusal
 functions below. To add a kernel family, add its name and its rule here.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from compiler import target as targets
 from compiler.ir import Node
 from compiler.kernels import conv, gemm, winograd
 
@@ -32,15 +33,17 @@ TILED_MATMUL = "tiled_matmul"  # CUDA: TILE x TILE outputs per block (codegen/cu
 @dataclass(frozen=True)
 class Impl:
     """A contraction kernel's implementation: `name` (one of the constants above),
-    `tile` (Winograd's m; None elsewhere) and `reason` (why this one)."""
+    `reason` (why this one), `m` (Winograd's F(m x m); None elsewhere) and `tile` (the
+    target's register tile, gemm.Tile, for the CPU kernels; None on cuda)."""
 
     name: str
     reason: str
-    tile: int | None = None
+    m: int | None = None
+    tile: gemm.Tile | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.name} F({self.tile}x{self.tile})" if self.name == WINOGRAD else self.name
+        return f"{self.name} F({self.m}x{self.m})" if self.name == WINOGRAD else self.name
 
     @property
     def packs_operands(self) -> bool:
@@ -48,23 +51,25 @@ class Impl:
         return self.name in (GEMM, WINOGRAD, DIRECT_CONV)
 
 
-def choose(node: Node, target: str = "cpu") -> Impl:
-    """The implementation of contraction `node` on `target` (see the module docstring)."""
-    if target == "cuda":
+def choose(node: Node, target=targets.HOST) -> Impl:
+    """The implementation of contraction `node` on `target` ("cuda", or a CPU Target or
+    spec; see the module docstring)."""
+    if targets.kind(target) == "cuda":
         return Impl(TILED_MATMUL, "CUDA: shared-memory tiles, one output per thread")
+    tile = gemm.Tile.of(targets.parse(target))
     if node.op == "matmul":
         reason = gemm.refusal(node)
         if reason is None:
             return Impl(GEMM, "float32 with a constant 2-d right operand, packed at compile "
-                        "time")
-        return Impl(ROW_MATMUL, f"not the packed GEMM: {reason}")
+                        "time", tile=tile)
+        return Impl(ROW_MATMUL, f"not the packed GEMM: {reason}", tile=tile)
     if node.op == "conv":
-        reason = winograd.refusal(node)
+        reason = winograd.refusal(node, tile)
         if reason is None:
-            m = winograd.plan(node).m
+            m = winograd.plan(node, tile).m
             return Impl(WINOGRAD, f"3x3 stride-1 conv; F({m}x{m}) by its transformed "
-                        "weight's size and tile count (winograd.tile_size)", tile=m)
-        return Impl(DIRECT_CONV, f"not Winograd: {reason}")
+                        "weight's size and tile count (winograd.tile_size)", m=m, tile=tile)
+        return Impl(DIRECT_CONV, f"not Winograd: {reason}", tile=tile)
     raise AssertionError(f"no kernel choice for contraction {node.op}")
 
 
@@ -72,9 +77,9 @@ def shape(node: Node, impl: Impl):
     """The kernel shape `impl` works on: gemm.GemmShape, winograd.WinogradShape (its tile
     size set) or conv.ConvShape; None for the row matmul."""
     if impl.name == GEMM:
-        return gemm.GemmShape.of(node)
+        return gemm.GemmShape.of(node, impl.tile)
     if impl.name == WINOGRAD:
-        return dataclasses.replace(winograd.WinogradShape.of(node), m=impl.tile)
+        return dataclasses.replace(winograd.WinogradShape.of(node, impl.tile), m=impl.m)
     if impl.name == DIRECT_CONV:
-        return conv.ConvShape.of(node)
+        return conv.ConvShape.of(node, impl.tile)
     return None

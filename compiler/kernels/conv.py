@@ -19,7 +19,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler.kernels import gemm
-from compiler.kernels.gemm import F32, I64
+from compiler.kernels.gemm import F32, I64, Tile
 
 # Input channels the zero row covers (a window over the padding reads it).
 _ZEROS = "braze.conv.zeros"
@@ -38,21 +38,22 @@ def refusal(node) -> str | None:
     return None
 
 
-def pack_weight(w: np.ndarray) -> np.ndarray:
+def pack_weight(w: np.ndarray, tile: Tile) -> np.ndarray:
     """W[co, ci, kh, kw] -> gemm panels of B[(kh, kw, ci), co] (gemm.pack_b's layout,
     [panel][(kh, kw, ci)][NR], co zero-padded to whole panels), in one reordering copy."""
     co, ci, kh, kw = w.shape
-    panels = -(-co // gemm.NR)
+    nr = tile.nr
+    panels = -(-co // nr)
     w = w.astype(np.float32, copy=False)
-    if panels * gemm.NR != co:
-        w = np.concatenate([w, np.zeros((panels * gemm.NR - co, ci, kh, kw), np.float32)])
-    packed = w.reshape(panels, gemm.NR, ci, kh, kw).transpose(0, 3, 4, 2, 1)
-    return np.ascontiguousarray(packed).reshape(panels, kh * kw * ci, gemm.NR)
+    if panels * nr != co:
+        w = np.concatenate([w, np.zeros((panels * nr - co, ci, kh, kw), np.float32)])
+    packed = w.reshape(panels, nr, ci, kh, kw).transpose(0, 3, 4, 2, 1)
+    return np.ascontiguousarray(packed).reshape(panels, kh * kw * ci, nr)
 
 
-def pack_bias(bias: np.ndarray) -> np.ndarray:
+def pack_bias(bias: np.ndarray, tile: Tile) -> np.ndarray:
     """bias[co], zero-padded to whole panels (the epilogue loads whole vectors)."""
-    out = np.zeros(-(-bias.size // gemm.NR) * gemm.NR, np.float32)
+    out = np.zeros(-(-bias.size // tile.nr) * tile.nr, np.float32)
     out[:bias.size] = bias
     return out
 
@@ -71,16 +72,17 @@ class ConvShape:
     strides: tuple
     pads: tuple  # top, left
     dilations: tuple
-    pads_end: tuple = (0, 0)  # bottom, right (they only bound the output size)
+    pads_end: tuple  # bottom, right (they only bound the output size)
+    tile: Tile  # the target's register tile
 
     @classmethod
-    def of(cls, node) -> ConvShape:
+    def of(cls, node, tile: Tile) -> ConvShape:
         x, w = node.inputs[:2]
         y = node.outputs[0]
         a = node.attrs
         return cls(x.shape[0], x.shape[1], x.shape[2], x.shape[3], y.shape[1], y.shape[2],
                    y.shape[3], w.shape[2], w.shape[3], tuple(a["strides"]),
-                   tuple(a["pads"][:2]), tuple(a["dilations"]), tuple(a["pads"][2:]))
+                   tuple(a["pads"][:2]), tuple(a["dilations"]), tuple(a["pads"][2:]), tile)
 
     @property
     def wide_rows(self) -> bool:
@@ -107,7 +109,8 @@ class ConvShape:
 
     @property
     def items(self) -> int:
-        return -(-self.m // gemm.tile_rows(self.m)) * -(-self.cout // gemm.NR)
+        t = self.tile
+        return -(-self.m // gemm.tile_rows(self.m, t.mr)) * -(-self.cout // t.nr)
 
     @property
     def macs(self) -> int:
@@ -141,6 +144,7 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
     the tile; an epilogue over the tile just stored)."""
     zeros = zeros_row(b, s.cin)
     wide = s.wide_rows
+    t = s.tile
 
     def tile(b, rows, row0, panel):
         if before is not None:
@@ -148,7 +152,7 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         pix = [_pixel(b, s, b.add(row0, _i64(r))) for r in range(rows)]
         copied = None
         if s.copies_rows and rows > 1:  # a 1x1 conv's rows are pixels, read from a copy
-            copied = gemm.packed_rows(b, rows, s.cin, row0, [
+            copied = gemm.packed_rows(b, t, rows, s.cin, row0, [
                 _input_row(b, s, x_ptr, zeros, n, y0, x0, _i64(0), _i64(0))
                 for n, y0, x0 in pix])
 
@@ -162,14 +166,14 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
             return [_input_row(b, s, x_ptr, zeros, n, y0, x0, dy, dx) for n, y0, x0 in pix]
 
         outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
-        vals = gemm.accumulate(b, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer, inner,
+        vals = gemm.accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer, inner,
                                row_ptrs)
-        gemm.store_tile(b, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
+        gemm.store_tile(b, t, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
         if after is not None:
             after(b, rows, row0, panel)
 
-    gemm.for_each_tile(b, s.m, s.cout, item, tile,
-                       gemm.row_major(s.k, s.cout, s.m) or s.copies_rows)
+    gemm.for_each_tile(b, t, s.m, s.cout, item, tile,
+                       gemm.row_major(t, s.k, s.cout, s.m) or s.copies_rows)
 
 
 def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:

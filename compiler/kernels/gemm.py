@@ -16,10 +16,14 @@ panel from cache. Rows past M are never touched: the last row block of a panel
 runs a tile of M % MR rows; columns past N are computed (on zero padding) but not
 stored.
 
-Register budget (AVX-512, 32 vector registers): MR * NV accumulators + NV panel
-vectors + one broadcast; MR = 12, NV = 2 uses 27. A GEMM of M rows uses as few row
-blocks as MR allows, each as short as that count permits (`tile_rows`): M = 49 (a
-ResNet's 7x7 maps) runs 5 blocks of 10 rows, not 4 of 12 and a lone row.
+The tile is shaped by the target (`Tile.of`, from compiler/target.py's vector width,
+register count and FMA): MR * NV accumulators + NV panel vectors + one broadcast (+ one
+product where there is no FMA) must fit the vector registers, so the K loop never
+spills. AVX-512 (32 x 16 floats): 12 x 32 (27 registers); AVX2 + FMA (16 x 8 floats):
+6 x 16, BLIS's Haswell kernel (15); AArch64 NEON (32 x 4): 6 x 16 (29); SSE4.2
+(16 x 4, no FMA): 2 x 16 (14). A GEMM of M rows uses as few row blocks as MR allows,
+each as short as that count permits (`tile_rows`): M = 49 (a ResNet's 7x7 maps) runs
+5 blocks of 10 rows on AVX-512, not 4 of 12 and a lone row.
 """
 
 from __future__ import annotations
@@ -31,16 +35,54 @@ from llvmlite import ir
 
 from compiler.codegen.symbols import declare
 
-VEC = 16  # float32 lanes of one AVX-512 register
-NV = 2  # vectors per tile row
-NR = NV * VEC  # tile columns
-MR = 12  # tile rows
-
 F32 = ir.FloatType()
 I64 = ir.IntType(64)
 I32 = ir.IntType(32)
 PTR = ir.PointerType()
-V16 = ir.VectorType(F32, VEC)
+
+# Tile rows at most: 12 measured best on AVX-512 (more rows fit its 32 registers, but
+# shorten the row blocks a thread shares a panel over, and M = 49 maps tile worse).
+MAX_MR = 12
+# Tile columns wanted at least, in floats: NV = max(2, MIN_NR // vec) vectors per row,
+# so NR is 16 or 32 and divides the channel counts of common convs (Winograd needs it).
+MIN_NR = 16
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The micro-kernel's register tile on one target: MR rows x NV vectors of `vec`
+    floats; `fma` (else a multiply and an add), `l2_bytes` (one core's L2)."""
+
+    vec: int
+    nv: int
+    mr: int
+    fma: bool = True
+    l2_bytes: int = 1 << 20
+
+    @property
+    def nr(self) -> int:
+        """Tile columns (floats): one packed panel's width."""
+        return self.nv * self.vec
+
+    @property
+    def vtype(self) -> ir.VectorType:
+        return ir.VectorType(F32, self.vec)
+
+    @property
+    def registers(self) -> int:
+        """Vector registers the K loop holds: accumulators, panel vectors, the broadcast
+        (and the product, without FMA)."""
+        return self.mr * self.nv + self.nv + 1 + (0 if self.fma else 1)
+
+    @classmethod
+    def of(cls, target) -> Tile:
+        """The largest tile (up to MAX_MR rows) whose K loop fits `target`'s registers."""
+        nv = max(2, MIN_NR // target.vec)
+        spare = 0 if target.fma else 1
+        mr = min(MAX_MR, (target.vector_registers - nv - 1 - spare) // nv)
+        tile = cls(target.vec, nv, mr, target.fma, target.l2_bytes)
+        assert mr >= 1 and tile.registers <= target.vector_registers, tile
+        return tile
 
 
 def refusal(node) -> str | None:
@@ -55,13 +97,14 @@ def refusal(node) -> str | None:
     return None
 
 
-def pack_b(w: np.ndarray) -> np.ndarray:
+def pack_b(w: np.ndarray, tile: Tile) -> np.ndarray:
     """B[K, N] as panels [ceil(N / NR), K, NR], zero-padded past N."""
     k, n = w.shape
-    panels = -(-n // NR)
-    padded = np.zeros((k, panels * NR), np.float32)
+    nr = tile.nr
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), np.float32)
     padded[:, :n] = w
-    return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
 
 
 @dataclass(frozen=True)
@@ -69,14 +112,15 @@ class GemmShape:
     m: int  # rows of C (A's batch dims folded in)
     k: int
     n: int
+    tile: Tile
 
     @property
     def row_blocks(self) -> int:
-        return -(-self.m // tile_rows(self.m))
+        return -(-self.m // tile_rows(self.m, self.tile.mr))
 
     @property
     def panels(self) -> int:
-        return -(-self.n // NR)
+        return -(-self.n // self.tile.nr)
 
     @property
     def items(self) -> int:
@@ -84,38 +128,44 @@ class GemmShape:
         return self.row_blocks * self.panels
 
     @classmethod
-    def of(cls, node) -> GemmShape:
+    def of(cls, node, tile: Tile) -> GemmShape:
         a, w = node.inputs
-        return cls(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1], w.shape[-1])
+        return cls(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1], w.shape[-1], tile)
 
 
 def _i64(n: int) -> ir.Constant:
     return ir.Constant(I64, int(n))
 
 
-def _fma(b: ir.IRBuilder):
-    return declare(b.module, "llvm.fma.v16f32", V16, [V16, V16, V16])
+def mul_add(b: ir.IRBuilder, tile: Tile, x, y, acc):
+    """x * y + acc on vectors of the tile's width: one FMA where the target has it, else
+    a multiply and an add (llvm.fma there would be a libm call per lane)."""
+    if not tile.fma:
+        return b.fadd(b.fmul(x, y), acc)
+    vt = tile.vtype
+    fma = declare(b.module, f"llvm.fma.v{tile.vec}f32", vt, [vt, vt, vt])
+    return b.call(fma, [x, y, acc])
 
 
-def splat(b: ir.IRBuilder, x):
-    """A 16-float vector of the scalar x (a zero mask prints as one word of IR)."""
-    v = b.insert_element(ir.Constant(V16, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(V16, ir.Undefined),
-                            ir.Constant(ir.VectorType(I32, VEC), None))
+def splat(b: ir.IRBuilder, x, vtype: ir.VectorType):
+    """A vector of the scalar x (a zero mask prints as one word of IR)."""
+    v = b.insert_element(ir.Constant(vtype, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vtype, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, vtype.count), None))
 
 
-def splat_constant(b: ir.IRBuilder, value: float):
-    """A 16-float vector of the constant `value`, made once per function, in its entry
-    block: a literal vector constant is 16 numbers of IR text at every use, and rendering
+def splat_constant(b: ir.IRBuilder, value: float, vtype: ir.VectorType):
+    """A vector of the constant `value`, made once per function, in its entry block: a
+    literal vector constant is one number per lane of IR text at every use, and rendering
     that text was a large part of compile time (LLVM folds the splat back to a constant)."""
     fn = b.function
     cache = getattr(fn, "braze_splats", None)
     if cache is None:
         cache = fn.braze_splats = {}  # the float32's bytes (-0.0 and NaN kept apart)
-    key = np.float32(value).tobytes()
+    key = (np.float32(value).tobytes(), vtype.count)
     if key not in cache:
         with b.goto_entry_block():
-            cache[key] = splat(b, ir.Constant(F32, float(value)))
+            cache[key] = splat(b, ir.Constant(F32, float(value)), vtype)
     return cache[key]
 
 
@@ -126,7 +176,7 @@ def splat_constant(b: ir.IRBuilder, value: float):
 # thread copies a row block once for all its panels. Measured on ResNet-50's 1x1 convs
 # with 1024 or 2048 input channels, or 512 at stride 2, one conv at a time: 1 thread
 # 97-102 -> 107-112 GFLOP/s; 2 threads 180-218 -> 209-221.
-ROW_PAD = VEC
+ROW_PAD = 16  # floats: one 64-byte cache line
 ALIAS_BYTES = 4096
 
 
@@ -135,14 +185,14 @@ def aliasing(row_stride_bytes: int) -> bool:
     return row_stride_bytes % ALIAS_BYTES == 0
 
 
-def packed_rows(b: ir.IRBuilder, rows: int, k: int, key, row_ptrs: list) -> list:
+def packed_rows(b: ir.IRBuilder, tile: Tile, rows: int, k: int, key, row_ptrs: list) -> list:
     """Pointers to copies of the `rows` rows of k floats at `row_ptrs`, one cache line
     apart in L1 sets, in a scratch on the stack. The copy is skipped when `key` (an i64,
     e.g. the first row's index) is the one the scratch was last filled for, so a thread
     walking a row block's panels copies it once."""
     stride = k + ROW_PAD
     with b.goto_entry_block():
-        scratch = b.alloca(F32, size=_i64(MR * stride))
+        scratch = b.alloca(F32, size=_i64(tile.mr * stride))
         last = b.alloca(I64)
         b.store(_i64(-1), last)
     dst = [b.gep(scratch, [_i64(r * stride)], source_etype=F32, inbounds=True)
@@ -151,15 +201,15 @@ def packed_rows(b: ir.IRBuilder, rows: int, k: int, key, row_ptrs: list) -> list
     with b.if_then(stale):
         for src, d in zip(row_ptrs, dst):
             def copy(b, j, src=src, d=d):
-                off = b.mul(j, _i64(VEC))
-                x = b.load(b.gep(src, [off], source_etype=F32, inbounds=True), typ=V16,
-                           align=4)
+                off = b.mul(j, _i64(tile.vec))
+                x = b.load(b.gep(src, [off], source_etype=F32, inbounds=True),
+                           typ=tile.vtype, align=4)
                 b.store(x, b.bitcast(b.gep(d, [off], source_etype=F32, inbounds=True),
-                                     V16.as_pointer()), align=4)
+                                     tile.vtype.as_pointer()), align=4)
 
-            if k >= VEC:
-                for_range(b, k // VEC, copy)
-            for c in range(k - k % VEC, k):
+            if k >= tile.vec:
+                for_range(b, k // tile.vec, copy)
+            for c in range(k - k % tile.vec, k):
                 b.store(b.load(b.gep(src, [_i64(c)], source_etype=F32, inbounds=True),
                                typ=F32),
                         b.gep(d, [_i64(c)], source_etype=F32, inbounds=True))
@@ -173,6 +223,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
     `before(b, rows, row0, panel)`, and after, `after(...)`, if given (prefetches for
     the tile; an epilogue over the tile just stored)."""
     copies = aliasing(shape.k * 4)
+    t = shape.tile
 
     def tile(b, rows, row0, panel):
         if before is not None:
@@ -180,49 +231,50 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
         ptrs = [b.gep(a_ptr, [b.mul(b.add(row0, _i64(r)), _i64(shape.k))],
                       source_etype=F32, inbounds=True) for r in range(rows)]
         if copies and rows > 1:
-            ptrs = packed_rows(b, rows, shape.k, row0, ptrs)
+            ptrs = packed_rows(b, t, rows, shape.k, row0, ptrs)
 
         def row_ptrs(b, kk):
             return ptrs
 
-        vals = accumulate(b, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1, shape.k,
+        vals = accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1, shape.k,
                           row_ptrs)
-        store_tile(b, shape.n, rows, vals, c_ptr, row0, panel, transform=transform)
+        store_tile(b, t, shape.n, rows, vals, c_ptr, row0, panel, transform=transform)
         if after is not None:
             after(b, rows, row0, panel)
 
-    for_each_tile(b, shape.m, shape.n, item, tile,
-                  row_major(shape.k, shape.n, shape.m) or copies)
+    for_each_tile(b, t, shape.m, shape.n, item, tile,
+                  row_major(t, shape.k, shape.n, shape.m) or copies)
 
 
-def tile_rows(m: int) -> int:
-    """Rows per tile for M rows: the fewest blocks of at most MR, then the shortest."""
-    blocks = -(-m // MR)
+def tile_rows(m: int, mr: int) -> int:
+    """Rows per tile for M rows: the fewest blocks of at most `mr`, then the shortest."""
+    blocks = -(-m // mr)
     return -(-m // blocks)
 
 
 # Tile order. Row-block-major (a thread writes, and an epilogue reads, whole rows of C,
 # one contiguous stretch) re-reads the packed weight once per row block; panel-major
 # re-reads A once per panel. Weights up to ROW_MAJOR_MAX_WEIGHT_BYTES always go
-# row-block-major; weights up to L2_BYTES (one core's L2: they stay there) do too when
-# A is larger than that (batch 8's activations: A would come from L3 once per panel).
+# row-block-major; weights up to the target's L2 (one core's: they stay there) do too
+# when A is larger than that (batch 8's activations: A would come from L3 once per panel).
 ROW_MAJOR_MAX_WEIGHT_BYTES = 1 << 18
-L2_BYTES = 1 << 20
 
 
-def row_major(k: int, n: int, m: int) -> bool:
+def row_major(t: Tile, k: int, n: int, m: int) -> bool:
     """Whether an M x K by K x N product takes row-block-major tiles."""
-    weight = k * -(-n // NR) * NR * 4
-    return weight <= ROW_MAJOR_MAX_WEIGHT_BYTES or (weight <= L2_BYTES and m * k * 4 > L2_BYTES)
+    weight = k * -(-n // t.nr) * t.nr * 4
+    l2 = t.l2_bytes
+    return weight <= ROW_MAJOR_MAX_WEIGHT_BYTES or (weight <= l2 and m * k * 4 > l2)
 
 
-def for_each_tile(b: ir.IRBuilder, m: int, n: int, item, tile, by_rows: bool = False) -> None:
-    """Work item `item` -> tile(b, rows, row0, panel), rows = tile_rows(m) or the last
+def for_each_tile(b: ir.IRBuilder, t: Tile, m: int, n: int, item, tile,
+                  by_rows: bool = False) -> None:
+    """Work item `item` -> tile(b, rows, row0, panel), rows = tile_rows(m, MR) or the last
     block's remainder; consecutive items share a panel, or (`by_rows`) a row block."""
-    mr = tile_rows(m)
+    mr = tile_rows(m, t.mr)
     blocks = -(-m // mr)
     if by_rows:
-        panels = -(-n // NR)
+        panels = -(-n // t.nr)
         rb, panel = b.udiv(item, _i64(panels)), b.urem(item, _i64(panels))
     else:
         rb, panel = b.urem(item, _i64(blocks)), b.udiv(item, _i64(blocks))
@@ -250,10 +302,15 @@ def for_range(b: ir.IRBuilder, trip: int, body) -> None:
     _phi_loop(b, trip, [], lambda b, i, vals: body(b, i) or [])
 
 
-def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body) -> list:
+# The micro-kernel's K loop block is named so (the assembly's comments keep the name:
+# compiler/codegen/asm.py finds the loop by it to count spills there).
+K_LOOP = "microkernel.k"
+
+
+def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body, name: str = "gemm.loop") -> list:
     """vals = init; for i in range(trip): vals = body(b, i, vals); return vals (trip >= 1)."""
     pre = b.block
-    loop = b.append_basic_block("gemm.loop")
+    loop = b.append_basic_block(name)
     done = b.append_basic_block("gemm.done")
     b.branch(loop)
     b.position_at_end(loop)
@@ -274,70 +331,70 @@ def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body) -> list:
     return new
 
 
-def accumulate(b: ir.IRBuilder, rows: int, packed_ptr, panel_k, k_outer: int,
+def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer: int,
                k_inner: int, row_ptrs) -> list:
     """The tile's MR x NV accumulators: the sum over kk < k_outer, c < k_inner of
     A_r(kk)[c] * panel[kk * k_inner + c], where `row_ptrs(b, kk)` gives each row's pointer
     to its k_inner contiguous elements of A for kk, and the panel starts at packed row
     `panel_k` (the panel's index times the full K = k_outer * k_inner)."""
-    fma = _fma(b)
-
     def inner(b, c, accs, ptrs, kk):
-        prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(NR))
-        bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * VEC))], source_etype=F32,
-                              inbounds=True), typ=V16, align=4) for v in range(NV)]
+        prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(t.nr))
+        bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * t.vec))], source_etype=F32,
+                              inbounds=True), typ=t.vtype, align=4) for v in range(t.nv)]
         new = []
         for r in range(rows):
             a = b.load(b.gep(ptrs[r], [c], source_etype=F32, inbounds=True), typ=F32)
-            s = splat(b, a)
-            new += [b.call(fma, [s, bvecs[v], accs[r * NV + v]]) for v in range(NV)]
+            s = splat(b, a, t.vtype)
+            new += [mul_add(b, t, s, bvecs[v], accs[r * t.nv + v]) for v in range(t.nv)]
         return new
 
     def outer(b, kk, accs):
         ptrs = row_ptrs(b, kk)
-        return _phi_loop(b, k_inner, accs, lambda b, c, accs: inner(b, c, accs, ptrs, kk))
+        return _phi_loop(b, k_inner, accs, lambda b, c, accs: inner(b, c, accs, ptrs, kk),
+                         name=K_LOOP)
 
-    zeros = [ir.Constant(V16, None)] * (rows * NV)
+    zeros = [ir.Constant(t.vtype, None)] * (rows * t.nv)
     if k_outer == 1:
         return outer(b, _i64(0), zeros)
     return _phi_loop(b, k_outer, zeros, outer)
 
 
-def store_tile(b: ir.IRBuilder, n: int, rows: int, vals, c_ptr, row0, panel,
+def store_tile(b: ir.IRBuilder, t: Tile, n: int, rows: int, vals, c_ptr, row0, panel,
                bias_ptr=None, transform=None) -> None:
     """Write the tile into row-major C[., n] (+ bias[col], bias padded to whole panels;
     then `transform(b, rows, row0, col0, vals) -> vals`, an epilogue on the registers);
     the last panel stores only its columns below n."""
-    panels = -(-n // NR)
-    last_cols = n - (panels - 1) * NR
-    col0 = b.mul(panel, _i64(NR))
+    nr, vec = t.nr, t.vec
+    panels = -(-n // nr)
+    last_cols = n - (panels - 1) * nr
+    col0 = b.mul(panel, _i64(nr))
     if bias_ptr is not None:
-        bias = [b.load(b.gep(bias_ptr, [b.add(col0, _i64(v * VEC))], source_etype=F32,
-                             inbounds=True), typ=V16, align=4) for v in range(NV)]
-        vals = [b.fadd(x, bias[i % NV]) for i, x in enumerate(vals)]
+        bias = [b.load(b.gep(bias_ptr, [b.add(col0, _i64(v * vec))], source_etype=F32,
+                             inbounds=True), typ=t.vtype, align=4) for v in range(t.nv)]
+        vals = [b.fadd(x, bias[i % t.nv]) for i, x in enumerate(vals)]
     if transform is not None:
         vals = transform(b, rows, row0, col0, vals)
 
     def store(cols: int) -> None:
         for r in range(rows):
             base = b.add(b.mul(b.add(row0, _i64(r)), _i64(n)), col0)
-            for v in range(NV):
-                lanes = min(max(cols - v * VEC, 0), VEC)
-                x = vals[r * NV + v]
-                off = b.add(base, _i64(v * VEC))
-                if lanes == VEC:
+            for v in range(t.nv):
+                lanes = min(max(cols - v * vec, 0), vec)
+                x = vals[r * t.nv + v]
+                off = b.add(base, _i64(v * vec))
+                if lanes == vec:
                     b.store(x, b.gep(c_ptr, [off], source_etype=F32, inbounds=True), align=4)
-                for lane in range(lanes if lanes < VEC else 0):
+                for lane in range(lanes if lanes < vec else 0):
                     ptr = b.gep(c_ptr, [b.add(off, _i64(lane))], source_etype=F32,
                                 inbounds=True)
                     b.store(b.extract_element(x, ir.Constant(I32, lane)), ptr)
 
-    if last_cols == NR:
-        store(NR)
+    if last_cols == nr:
+        store(nr)
         return
     is_last = b.icmp_unsigned("==", panel, _i64(panels - 1))
     with b.if_else(is_last) as (then, otherwise):
         with then:
             store(last_cols)
         with otherwise:
-            store(NR)
+            store(nr)

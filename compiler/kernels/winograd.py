@@ -33,7 +33,7 @@ from llvmlite import ir
 
 from compiler.kernels import conv, gemm
 from compiler.kernels.conv import ConvShape
-from compiler.kernels.gemm import F32, I64, NR, NV, V16, VEC
+from compiler.kernels.gemm import F32, I64, Tile
 
 # Stack bytes a work item may use for its transformed patches (alpha^2 x tiles x Cin
 # floats; a block takes fewer tiles where Cin is large).
@@ -106,8 +106,9 @@ TRANSFORMS = {
 }
 
 
-def refusal(node) -> str | None:
-    """None if the NHWC conv `node` runs on the Winograd kernel, else why the direct one."""
+def refusal(node, tile: Tile) -> str | None:
+    """None if the NHWC conv `node` runs on the Winograd kernel (with the target's register
+    tile), else why the direct one."""
     reason = conv.refusal(node)
     if reason is not None:
         return reason
@@ -117,8 +118,9 @@ def refusal(node) -> str | None:
     oh, ow = node.outputs[0].shape[1:3]
     if w.shape[2:] != (3, 3) or tuple(a["strides"]) != (1, 1) or tuple(a["dilations"]) != (1, 1):
         return "not a 3x3 stride-1 undilated conv"
-    if cin % VEC or cout % NR:
-        return f"channels {cin} -> {cout}: Winograd needs multiples of {VEC} in, {NR} out"
+    if cin % tile.vec or cout % tile.nr:
+        return (f"channels {cin} -> {cout}: Winograd needs multiples of {tile.vec} in, "
+                f"{tile.nr} out")
     if not _patches_fit(4, cin):
         return f"{cin} input channels: the transformed patches would not fit the scratch"
     if min(oh, ow) < MIN_SIDE:
@@ -132,9 +134,9 @@ def _patches_fit(alpha: int, cin: int) -> bool:
     return alpha * alpha * MIN_ROWS * cin * 4 <= SCRATCH_BYTES
 
 
-def plan(node) -> WinogradShape:
+def plan(node, tile: Tile) -> WinogradShape:
     """The shape of a conv that `refusal` accepts, with its tile size chosen."""
-    shape = WinogradShape.of(node)
+    shape = WinogradShape.of(node, tile)
     return dataclasses.replace(shape, m=tile_size(shape))
 
 
@@ -159,19 +161,19 @@ F4_SMALL_WEIGHT_BYTES = 4 << 20
 F4_MIN_TILES = 32
 
 
-def pack_weight(w: np.ndarray, m: int = 2) -> np.ndarray:
+def pack_weight(w: np.ndarray, m: int, tile: Tile) -> np.ndarray:
     """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as alpha^2 sets of gemm panels of
     U_k[ci, co], k = alpha a + b, one after another: [k][panel][ci][NR], co padded to
     whole panels with zeros. One product by kron(G, G) (in float64, rounded once) and
     one reordering copy."""
-    t = TRANSFORMS[m]
+    t, nr = TRANSFORMS[m], tile.nr
     co, ci = w.shape[:2]
     u = w.reshape(co * ci, 9).astype(np.float64) @ np.kron(t.G, t.G).T  # [(co, ci), k]
-    panels = -(-co // NR)
+    panels = -(-co // nr)
     u = u.astype(np.float32).reshape(co, ci, -1)
-    if panels * NR != co:
-        u = np.concatenate([u, np.zeros((panels * NR - co, ci, u.shape[2]), np.float32)])
-    return np.ascontiguousarray(u.reshape(panels, NR, ci, -1).transpose(3, 0, 2, 1)).reshape(-1)
+    if panels * nr != co:
+        u = np.concatenate([u, np.zeros((panels * nr - co, ci, u.shape[2]), np.float32)])
+    return np.ascontiguousarray(u.reshape(panels, nr, ci, -1).transpose(3, 0, 2, 1)).reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +202,7 @@ class WinogradShape(ConvShape):
     def rows(self) -> int:
         """Tiles per block: the fewest blocks of at most MR tiles whose transformed
         patches fit the scratch, then the shortest."""
-        most = max(1, min(gemm.MR, SCRATCH_BYTES // (self.alpha ** 2 * self.cin * 4)))
+        most = max(1, min(self.tile.mr, SCRATCH_BYTES // (self.alpha ** 2 * self.cin * 4)))
         blocks = -(-self.tiles // most)
         return -(-self.tiles // blocks)
 
@@ -212,7 +214,7 @@ class WinogradShape(ConvShape):
     def groups(self) -> int:
         """Panel groups a block of tiles is split into: enough work items for the threads
         to share evenly (each group transforms its tiles' inputs again: a few percent)."""
-        panels = self.cout // NR
+        panels = self.cout // self.tile.nr
         if self.blocks >= MIN_ITEMS:
             return 1
         want = -(-MIN_ITEMS // self.blocks)
@@ -229,11 +231,11 @@ def _i64(n: int) -> ir.Constant:
 
 
 class _VectorOps:
-    """`Transform.bt`/`at`'s operations on 16-float vectors (coefficients as splats made
-    once per kernel: gemm.splat_constant)."""
+    """`Transform.bt`/`at`'s operations on the target's vectors (coefficients as splats
+    made once per kernel: gemm.splat_constant)."""
 
-    def __init__(self, b: ir.IRBuilder):
-        self.b, self.fma = b, gemm._fma(b)
+    def __init__(self, b: ir.IRBuilder, tile: Tile):
+        self.b, self.tile = b, tile
 
     def add(self, x, y):
         return self.b.fadd(x, y)
@@ -242,20 +244,21 @@ class _VectorOps:
         return self.b.fsub(x, y)
 
     def axpy(self, c, x, y):
-        return self.b.call(self.fma, [gemm.splat_constant(self.b, c), x, y])
+        return gemm.mul_add(self.b, self.tile, gemm.splat_constant(self.b, c, self.tile.vtype),
+                            x, y)
 
 
 def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_ptr, item,
               zeros, epilogue=None, post=None) -> None:
     """Work item `item`: tiles [item * rows, ...) for every output channel.
 
-    `epilogue(b, vec, off, col)`, if given, maps an output vector (16 channels at element
-    offset `off` of Y, channel `col`) to what is stored there; `post(b, pixel, col)`, if
-    given, runs after that store (an in-place epilogue over those 16 elements)."""
+    `epilogue(b, vec, off, col)`, if given, maps an output vector (one vector of channels
+    at element offset `off` of Y, channel `col`) to what is stored there; `post(b, pixel,
+    col)`, if given, runs after that store (an in-place epilogue over those elements)."""
     rows, a2 = s.rows, s.alpha ** 2
     with b.goto_entry_block():
         v_buf = b.alloca(F32, size=_i64(a2 * rows * s.cin))
-        m_buf = b.alloca(F32, size=_i64(a2 * rows * NR))
+        m_buf = b.alloca(F32, size=_i64(a2 * rows * s.tile.nr))
     block, group = b.udiv(item, _i64(s.groups)), b.urem(item, _i64(s.groups))
     t0 = b.mul(block, _i64(rows))
     last = s.tiles - (s.blocks - 1) * rows  # tiles in the last block
@@ -276,7 +279,8 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
     # loops over the block's tiles, not unrolled: the transforms' code stays one copy
     gemm.for_range(b, rows, lambda b, r: _input_transform(
         b, s, x_ptr, zeros, v_buf, rows, r, *_tile_origin(b, s, b.add(t0, r))))
-    panels = s.cout // NR
+    t = s.tile
+    panels = s.cout // t.nr
     per_group = panels // s.groups
 
     def panel_body(b, q):
@@ -287,17 +291,17 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                 return [b.gep(v_buf, [b.mul(b.add(b.mul(k, _i64(rows)), _i64(r)),
                                             _i64(s.cin))], source_etype=F32, inbounds=True)
                         for r in range(rows)]
-            accs = gemm.accumulate(b, rows, packed_ptr,
+            accs = gemm.accumulate(b, t, rows, packed_ptr,
                                    b.mul(b.add(b.mul(k, _i64(panels)), p), _i64(s.cin)), 1,
                                    s.cin, row_ptrs)
             for i, acc in enumerate(accs):
-                off = b.add(b.mul(b.add(b.mul(k, _i64(rows)), _i64(i // NV)), _i64(NR)),
-                            _i64((i % NV) * VEC))
+                off = b.add(b.mul(b.add(b.mul(k, _i64(rows)), _i64(i // t.nv)), _i64(t.nr)),
+                            _i64((i % t.nv) * t.vec))
                 ptr = b.gep(m_buf, [off], source_etype=F32, inbounds=True)
-                b.store(acc, _as_vector_ptr(b, ptr), align=4)
+                b.store(acc, _as_vector_ptr(b, ptr, t), align=4)
 
         gemm.for_range(b, s.alpha ** 2, gemm_k)
-        col0 = b.mul(p, _i64(NR))
+        col0 = b.mul(p, _i64(t.nr))
         gemm.for_range(b, rows, lambda b, r: _output_transform(
             b, s, m_buf, rows, r, *_tile_origin(b, s, b.add(t0, r)), col0, bias_ptr, y_ptr,
             hooks))
@@ -305,10 +309,10 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
     gemm.for_range(b, per_group, panel_body)
 
 
-def _as_vector_ptr(b: ir.IRBuilder, ptr):
+def _as_vector_ptr(b: ir.IRBuilder, ptr, tile: Tile):
     """A scratch (alloca) element pointer as a vector pointer, for llvmlite's store check
     (its allocas are typed; in the module's IR this is a no-op cast)."""
-    return b.bitcast(ptr, V16.as_pointer())
+    return b.bitcast(ptr, tile.vtype.as_pointer())
 
 
 def _tile_origin(b, s: WinogradShape, t) -> tuple:
@@ -322,9 +326,9 @@ def _tile_origin(b, s: WinogradShape, t) -> tuple:
 
 def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r, n, y0,
                      x0) -> None:
-    """V[k, r, :] = (B^T d B)[k] for tile r's alpha x alpha input patch d, 16 channels at
-    a time."""
-    t = TRANSFORMS[s.m]
+    """V[k, r, :] = (B^T d B)[k] for tile r's alpha x alpha input patch d, one vector of
+    channels at a time."""
+    t, tile = TRANSFORMS[s.m], s.tile
     srcs = []
     for a in range(t.alpha):
         for c in range(t.alpha):
@@ -339,15 +343,15 @@ def _input_transform(b, s: WinogradShape, x_ptr, zeros, v_buf, rows: int, r, n, 
             srcs.append(b.select(inside, row, zeros))
 
     def body(b, j):
-        c = b.mul(j, _i64(VEC))
-        d = [b.load(b.gep(p, [c], source_etype=F32, inbounds=True), typ=V16, align=4)
+        c = b.mul(j, _i64(tile.vec))
+        d = [b.load(b.gep(p, [c], source_etype=F32, inbounds=True), typ=tile.vtype, align=4)
              for p in srcs]
-        for k, v in enumerate(_sandwich(t.bt, _VectorOps(b), d, t.alpha)):
+        for k, v in enumerate(_sandwich(t.bt, _VectorOps(b, tile), d, t.alpha)):
             ptr = b.gep(v_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(s.cin)), c)],
                         source_etype=F32, inbounds=True)
-            b.store(v, _as_vector_ptr(b, ptr), align=4)
+            b.store(v, _as_vector_ptr(b, ptr, tile), align=4)
 
-    gemm.for_range(b, s.cin // VEC, body)
+    gemm.for_range(b, s.cin // tile.vec, body)
 
 
 def _sandwich(f, ops, d: list, n: int) -> list:
@@ -363,18 +367,19 @@ def _sandwich(f, ops, d: list, n: int) -> list:
 def _output_transform(b, s: WinogradShape, m_buf, rows: int, r, n, y0, x0, col0,
                       bias_ptr, y_ptr, hooks) -> None:
     """Y's m x m block of tile r = A^T M A (+ bias, epilogue), for the panel's NR channels."""
-    t = TRANSFORMS[s.m]
-    ops = _VectorOps(b)
-    for v in range(NV):
-        m = [b.load(b.gep(m_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(NR)),
-                                        _i64(v * VEC))], source_etype=F32, inbounds=True),
-                    typ=V16, align=4) for k in range(t.alpha ** 2)]
+    t, tile = TRANSFORMS[s.m], s.tile
+    ops = _VectorOps(b, tile)
+    for v in range(tile.nv):
+        m = [b.load(b.gep(m_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(tile.nr)),
+                                        _i64(v * tile.vec))], source_etype=F32,
+                          inbounds=True),
+                    typ=tile.vtype, align=4) for k in range(t.alpha ** 2)]
         out = _sandwich(t.at, ops, m, t.alpha)
-        col = b.add(col0, _i64(v * VEC))
+        col = b.add(col0, _i64(v * tile.vec))
         bias = None
         if bias_ptr is not None:
-            bias = b.load(b.gep(bias_ptr, [col], source_etype=F32, inbounds=True), typ=V16,
-                          align=4)
+            bias = b.load(b.gep(bias_ptr, [col], source_etype=F32, inbounds=True),
+                          typ=tile.vtype, align=4)
         for i in range(s.m):
             for j in range(s.m):
                 # an uneven side's last tile has rows or columns past the image

@@ -145,7 +145,7 @@ def describe_kernels(graph: Graph, clusters: list, target: str = "cpu") -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def plan(graph: Graph, target: str = "cpu") -> FusionPlan:
+def plan(graph: Graph, target="cpu") -> FusionPlan:
     """Decide the materialized values of a compiled cluster and its kernels, in order, and
     each contraction kernel's implementation on `target` (choice.choose)."""
     reasons: dict[Value, str] = {}

@@ -20,6 +20,8 @@ import bridge
 from bridge import ArtifactError, BrazeError, InputError
 from bridge.cli import main
 from compiler.codegen import llvm_cpu
+from compiler.target import host
+from runtime.artifact import FORMAT_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(0)
@@ -173,12 +175,15 @@ def _set(*keys_value):
     return edit
 
 
-_FEATURES = llvm_cpu.host()[2]
+_FEATURES = host().features
+_NEWER = FORMAT_VERSION + 1
 
 # (case, manifest edit or entry edit, words the message must contain)
 BAD_MANIFESTS = [
-    ("format_newer", _set("format_version", 2), ["format version 2", "newer"]),
-    ("format_older", _set("format_version", 0), ["format version 0", "older"]),
+    ("format_newer", _set("format_version", FORMAT_VERSION + 1),
+     [f"format version {FORMAT_VERSION + 1}", "newer"]),
+    ("format_older", _set("format_version", FORMAT_VERSION - 1),
+     [f"format version {FORMAT_VERSION - 1}", "older"]),
     ("not_braze", _set("format", "something-else"), ["not a braze artifact"]),
     ("braze_version", _set("braze_version", "0.0.1"), ["braze 0.0.1", "this is braze"]),
     ("triple", _set("target", "triple", "sparc-sun-solaris"), ["sparc-sun-solaris"]),
@@ -186,6 +191,12 @@ BAD_MANIFESTS = [
     ("cpu_features", _set("target", "features", _FEATURES + ",+braze-test-feature"),
      ["features differ", "braze-test-feature"]),
     ("malformed", lambda m: m.pop("specializations"), ["malformed", "specializations"]),
+    ("named_cpu_features", lambda m: m["target"].update(
+        spec="cpu:znver3", requires=["avx2", "braze-test-feature"]),
+     ["cpu:znver3", "lacks", "braze-test-feature"]),
+    ("named_cpu_arch", lambda m: m["target"].update(
+        spec="cpu:neoverse-n1", triple="aarch64-unknown-linux-gnu"),
+     ["cpu:neoverse-n1", "aarch64"]),
 ]
 
 
@@ -213,7 +224,9 @@ def test_damaged_files(saved, tmp_path):
     no_manifest = tmp_path / "nomanifest.braze"
     with zipfile.ZipFile(no_manifest, "w") as zf:
         zf.writestr("hello.txt", "hi")
-    swapped = _rewrite(path, tmp_path / "swapped.braze", entry=("step0.ir", lambda d: d + b" "))
+    swapped = _rewrite(path, tmp_path / "swapped.braze",
+                       entry=("step0.ir", lambda d: d[:-1] + bytes([d[-1] ^ 1])))
+    longer = _rewrite(path, tmp_path / "longer.braze", entry=("step0.ir", lambda d: d + b" "))
     cases = [
         (tmp_path / "missing.braze", "no such file"),
         (tmp_path, "is a directory"),
@@ -222,6 +235,7 @@ def test_damaged_files(saved, tmp_path):
         (no_manifest, "no manifest.json"),
         (flipped, "corrupted"),
         (swapped, "does not match its checksum"),
+        (longer, "step0.ir' holds .* bytes, its manifest says"),
     ]
     for bad, words in cases:
         with pytest.raises(ArtifactError, match=words):
@@ -303,3 +317,31 @@ def test_code_compiled_in_parallel_parts_saves_and_loads(tmp_path, monkeypatch):
     assert len(llvm_cpu.split_objects(part.object_code)) == 2
     m.save(tmp_path / "p.braze")
     np.testing.assert_array_equal(bridge.load(tmp_path / "p.braze")(x)[0], want)
+
+
+def test_an_artifact_for_another_cpu_records_it_and_runs_where_its_features_are(tmp_path):
+    """Compiled for znver3 (AVX2): the manifest names the target and the features it
+    requires; this machine has them, so it loads and matches the host build."""
+    x = _x()
+    m = bridge.compile_onnx(_model(), target="cpu:znver3")
+    m.save(tmp_path / "avx2.braze", input_shapes={"x": x.shape})
+    with zipfile.ZipFile(tmp_path / "avx2.braze") as zf:
+        target = json.loads(zf.read("manifest.json"))["target"]
+    assert target["spec"] == "cpu:znver3" and target["cpu"] == "znver3"
+    assert target["requires"] == ["avx", "avx2", "fma", "sse4.2"]
+    loaded = bridge.load(tmp_path / "avx2.braze")
+    np.testing.assert_allclose(loaded(x)[0], bridge.compile_onnx(_model())(x)[0], rtol=1e-6)
+
+
+def test_cli_compile_for_another_cpu(tmp_path, capsys):
+    onnx.save(_model(), tmp_path / "m.onnx")
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.braze"),
+                 "--shape", "x=64,64", "--cpu", "x86-64-v2"]) == 0
+    assert "x86-64-v2" in capsys.readouterr().out
+    x = _x()
+    np.testing.assert_allclose(bridge.load(tmp_path / "m.braze")(x)[0],
+                               bridge.compile_onnx(_model())(x)[0], rtol=1e-6)
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "a.braze"),
+                 "--shape", "x=64,64", "--cpu", "neoverse-n1"]) == 0
+    with pytest.raises(ArtifactError, match="aarch64"):
+        bridge.load(tmp_path / "a.braze")

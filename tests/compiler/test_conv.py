@@ -11,8 +11,11 @@ import torch
 from compiler.codegen import compile_graph, supports
 from compiler.codegen.compiled import PACKED
 from compiler.kernels import gemm
+from compiler.target import host
 from compiler.text import parse_graph
 from runtime.cpu import CpuStep
+
+AVX512 = gemm.Tile(vec=16, nv=2, mr=12)  # the tile the measured choices below were made on
 
 
 def _conv_graph(x_shape, w, bias, strides, pads, dilations, group=1, layout="NHWC"):
@@ -164,9 +167,9 @@ def test_register_epilogue_and_row_major_tiles():
     g, y_shape = _residual_block((1, 6, 6, 16), w, (0, 0, 0, 0))
     cg = CpuStep(compile_graph(g))
     assert "llvm.maximum.v16f32" in cg.llvm_ir and "llvm.prefetch" in cg.llvm_ir
-    assert gemm.row_major(16, 64, 36) and not gemm.row_major(4608, 512, 49)
+    assert gemm.row_major(AVX512, 16, 64, 36) and not gemm.row_major(AVX512, 4608, 512, 49)
     # a 1 MB weight: panel-major when A fits in L2 (batch 1), rows when it does not
-    assert not gemm.row_major(1024, 256, 196) and gemm.row_major(1024, 256, 1568)
+    assert not gemm.row_major(AVX512, 1024, 256, 196) and gemm.row_major(AVX512, 1024, 256, 1568)
     _check_residual_block(cg, rng, (1, 6, 6, 16), y_shape, w, (0, 0, 0, 0))
 
 
@@ -191,7 +194,8 @@ def test_winograd_3x3_matches_torch(x_shape, cout, pads, m, rtol, monkeypatch):
     bias = rng.standard_normal(cout).astype(np.float32)
     g = _conv_graph(x_shape, w, bias, (1, 1), pads, (1, 1))
     node = next(n for n in g.nodes if n.op == "conv")
-    assert winograd.refusal(node) is None and winograd.plan(node).m == m
+    tile = gemm.Tile.of(host())
+    assert winograd.refusal(node, tile) is None and winograd.plan(node, tile).m == m
     x = rng.standard_normal(x_shape).astype(np.float32)
     y, = CpuStep(compile_graph(g)).run([x])
     want = _torch_conv(x, w, bias, (1, 1), pads, (1, 1))
@@ -234,7 +238,7 @@ def test_winograd_tile_size():
                     (8, 7, 512)]:
         w = rng.standard_normal((c, c, 3, 3)).astype(np.float32)
         g = _conv_graph((n, h, h, c), w, None, (1, 1), (1, 1, 1, 1), (1, 1))
-        picked[n, h] = winograd.plan(next(x for x in g.nodes if x.op == "conv")).m
+        picked[n, h] = winograd.plan(next(x for x in g.nodes if x.op == "conv"), AVX512).m
     assert picked == {(1, 56): 4, (1, 28): 4, (1, 14): 2, (1, 7): 2, (8, 14): 4, (8, 7): 4}
 
 
@@ -247,7 +251,7 @@ def test_winograd_says_why_not():
                                    ((1, 5, 5, 16), 32, (1, 1), "too few")]:
         w = rng.standard_normal((k, shape[3], 3, 3)).astype(np.float32)
         g = _conv_graph(shape, w, None, strides, (1, 1, 1, 1), (1, 1))
-        assert why in winograd.refusal(next(n for n in g.nodes if n.op == "conv"))
+        assert why in winograd.refusal(next(n for n in g.nodes if n.op == "conv"), AVX512)
 
 
 def test_winograd_epilogues_on_registers_and_in_place():
@@ -286,7 +290,7 @@ def test_pointwise_conv_rows_4k_apart_match_torch(x_shape, strides):
     bias = rng.standard_normal(cout).astype(np.float32)
     g = _conv_graph(x_shape, w, bias, strides, (0, 0, 0, 0), (1, 1))
     cg = CpuStep(compile_graph(g))
-    assert f"alloca float, i64 {gemm.MR * (x_shape[3] + gemm.ROW_PAD)}" in cg.llvm_ir
+    assert f"alloca float, i64 {gemm.Tile.of(host()).mr * (x_shape[3] + gemm.ROW_PAD)}" in cg.llvm_ir
     x = rng.standard_normal(x_shape).astype(np.float32)
     y, = cg.run([x])
     want = _torch_conv(x, w, bias, strides, (0, 0, 0, 0), (1, 1))

@@ -9,8 +9,11 @@ import pytest
 from compiler.codegen import compile_graph
 from compiler.codegen.compiled import PACKED
 from compiler.kernels import gemm
+from compiler.target import host
 from compiler.text import parse_graph
 from runtime.cpu import CpuStep
+
+TILE = gemm.Tile.of(host())  # the register tile compile_graph uses on this machine
 
 
 def _matmul(a_shape, w_shape, w: np.ndarray | None = None):
@@ -29,11 +32,12 @@ graph mm(%a: f32[{dims(a_shape)}]{w_arg}) -> (%y) {{
 
 def test_pack_b_panels_are_contiguous_and_zero_padded():
     w = np.arange(3 * 40, dtype=np.float32).reshape(3, 40)
-    p = gemm.pack_b(w)
-    assert p.shape == (2, 3, gemm.NR) and p.flags.c_contiguous
-    np.testing.assert_array_equal(p[0], w[:, :gemm.NR])
-    np.testing.assert_array_equal(p[1, :, :40 - gemm.NR], w[:, gemm.NR:])
-    assert not p[1, :, 40 - gemm.NR:].any()
+    tile = gemm.Tile(vec=16, nv=2, mr=12)  # NR = 32
+    p = gemm.pack_b(w, tile)
+    assert p.shape == (2, 3, tile.nr) and p.flags.c_contiguous
+    np.testing.assert_array_equal(p[0], w[:, :tile.nr])
+    np.testing.assert_array_equal(p[1, :, :40 - tile.nr], w[:, tile.nr:])
+    assert not p[1, :, 40 - tile.nr:].any()
 
 
 def test_constant_weight_takes_the_packed_gemm_and_only_the_packed_copy_is_kept():
@@ -85,8 +89,9 @@ def test_two_threads_match_one():
 
 
 def test_tile_rows_use_the_fewest_blocks_then_the_shortest():
-    assert gemm.tile_rows(49) == 10  # 5 blocks of 10 (the last 9), not 4 of 12 and 1
-    assert gemm.tile_rows(3136) == 12 and gemm.tile_rows(32) == 11 and gemm.tile_rows(5) == 5
+    assert gemm.tile_rows(49, 12) == 10  # 5 blocks of 10 (the last 9), not 4 of 12 and 1
+    assert gemm.tile_rows(3136, 12) == 12 and gemm.tile_rows(32, 12) == 11
+    assert gemm.tile_rows(5, 12) == 5 and gemm.tile_rows(13, 6) == 5
 
 
 def test_rows_4k_apart_are_copied_once_per_row_block():
@@ -95,6 +100,6 @@ def test_rows_4k_apart_are_copied_once_per_row_block():
     assert gemm.aliasing(1024 * 4) and gemm.aliasing(2048 * 4) and not gemm.aliasing(512 * 4)
     w = np.ones((1024, 64), np.float32)
     ir_text = compile_graph(_matmul((24, 1024), (1024, 64), w)).llvm_ir
-    assert f"alloca float, i64 {gemm.MR * (1024 + gemm.ROW_PAD)}" in ir_text
+    assert f"alloca float, i64 {TILE.mr * (1024 + gemm.ROW_PAD)}" in ir_text
     ir_text = compile_graph(_matmul((24, 512), (512, 64), w[:512])).llvm_ir
-    assert f"alloca float, i64 {gemm.MR * (512 + gemm.ROW_PAD)}" not in ir_text
+    assert f"alloca float, i64 {TILE.mr * (512 + gemm.ROW_PAD)}" not in ir_text

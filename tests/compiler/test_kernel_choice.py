@@ -60,7 +60,7 @@ def test_each_contraction_kernel_records_its_implementation_and_why(name, make, 
     assert k.impl.name == name and why in k.impl.reason
     assert f"[{k.impl.label}: " in plan(g).explain()
     if name == "winograd":
-        assert k.impl.tile in (2, 4) and k.impl.label == f"winograd F({k.impl.tile}x{k.impl.tile})"
+        assert k.impl.m in (2, 4) and k.impl.label == f"winograd F({k.impl.m}x{k.impl.m})"
 
 
 @pytest.mark.parametrize("name, make, why", CASES)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from compiler import target as targets
 from compiler.codegen import supports
 from compiler.codegen.compiled import _plans
 from compiler.codegen.cpu import Renderer
@@ -64,8 +65,8 @@ def test_every_elementwise_and_reduction_op_lowers_or_states_why_not(op):
     if reason is not None:
         assert len(reason) > 10  # a sentence, not a code
         return
-    kplan, memory = _plans(g)
-    text = Renderer(g, kplan, memory.slots).render()
+    kplan, memory = _plans(g, targets.host())
+    text = Renderer(g, kplan, memory.slots, targets.host()).render()
     assert 'define void @"run"' in text
 
 
