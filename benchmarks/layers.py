@@ -3,7 +3,7 @@
     python -m benchmarks.layers [--batch 1] [--threads 2] [--rounds 20] [--update-results]
 
 ResNet-50 (benchmarks.resnet50's model, exported to ONNX) is compiled by
-`bridge.compile_onnx`; `CompiledGraph.profile` times every kernel of the one
+`bridge.compile_onnx`; `CpuStep.profile` (runtime/cpu.py) times every kernel of the one
 executable in place (a copy of its code that reads the cycle counter between
 kernels), so each layer sees the caches and memory traffic it has in the model.
 GFLOP/s count a direct convolution's 2 * multiply-adds (a Winograd layer does fewer
@@ -41,6 +41,7 @@ def fma_peak_gflops(threads: int) -> float:
 
     from compiler.codegen import llvm_cpu
     from compiler.kernels.gemm import F32, Tile, _i64, _phi_loop, mul_add
+    from runtime.cpu import JitModule
 
     tile = Tile(vec=16, nv=2, mr=12)
     V16 = tile.vtype
@@ -56,7 +57,7 @@ def fma_peak_gflops(threads: int) -> float:
         total = b.fadd(total, a)
     b.store(total, fn.args[0], align=4)
     b.ret_void()
-    jit = llvm_cpu.JitModule(object_code=llvm_cpu.compile_ir(str(module)))
+    jit = JitModule(object_code=llvm_cpu.compile_ir(str(module)))
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(jit.address("peak"))
     bufs = [np.full(32, 0.5, np.float32) for _ in range(threads)]
     run(bufs[0].ctypes.data)  # warm
@@ -70,17 +71,14 @@ def fma_peak_gflops(threads: int) -> float:
     return threads * PEAK_ITERS * ACCUMULATORS * 16 * 2 / seconds / 1e9
 
 
-def describe(node) -> tuple[str, int]:
-    """(a conv's shape and algorithm, its multiply-adds counted as a direct conv)."""
-    from compiler.kernels import gemm, winograd
-    from compiler.target import host
-
-    tile = gemm.Tile.of(host())
+def describe(k) -> tuple[str, int]:
+    """(a conv kernel's shape and implementation, its multiply-adds counted as a direct
+    conv), from the fusion plan's choice (`Kernel.impl`)."""
+    node = k.contraction
     x, w = node.inputs[0].shape, node.inputs[1].shape
     y = node.outputs[0].shape
     stride = node.attrs["strides"][0]
-    m = winograd.plan(node, tile).m if winograd.refusal(node, tile) is None else None
-    algo = f"Winograd F({m}x{m})" if m else "direct"
+    algo = f"Winograd F({k.impl.m}x{k.impl.m})" if k.impl.m else "direct"
     label = (f"{w[2]}x{w[3]} s{stride} {x[3]}->{w[0]} @ {y[1]}x{y[2]} ({algo})")
     return label, int(np.prod(y)) * int(np.prod(w[1:]))
 
@@ -110,7 +108,7 @@ def profile_resnet(batch: int, threads: int, rounds: int) -> dict:
         if node is None or node.op != "conv":
             other += seconds
             continue
-        label, macs = describe(node)
+        label, macs = describe(k)
         row = rows[label]
         row["layers"] += 1
         row["seconds"] += seconds

@@ -52,14 +52,6 @@ def inductor(module, arrays) -> Runtime:
     return torch_compiled(module, arrays, "torch.compile (inductor)")
 
 
-def inductor_freezing(module, arrays) -> Runtime:
-    """Inductor with freezing (torch._inductor.config.freezing = True for this compile
-    only, through torch.compile's options): weights become constants, so it can fold
-    and pre-pack them. Valid for inference under torch.no_grad, as the harness runs."""
-    return torch_compiled(module, arrays, "torch.compile (inductor, freezing)",
-                          options={"freezing": True})
-
-
 def braze_torch(module, arrays) -> Runtime:
     """braze's torch.compile backend."""
     return torch_compiled(module, arrays, "braze (torch.compile)", stock=False,

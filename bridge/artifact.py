@@ -4,7 +4,7 @@ One file (runtime/artifact.py: a zip with a JSON manifest, .npy tensors and obje
 code) holds every saved specialization: its key (input shapes, plus the values of
 inputs it is specialized on), its graph (IR text, for inspection) and its
 Executable's steps. A compiled step is its cluster's IR text and the object code
-braze compiled for it: loading rebuilds the CompiledGraph from both (fusion and
+braze compiled for it: loading rebuilds the CpuProgram from both (fusion and
 memory plans are recomputed and must match the saved ones) and never runs LLVM's
 optimizer or code generator. A host step is its sub-graph's IR text (host nodes
 carry their ONNX node as payload): loading exports it and opens an onnxruntime
@@ -199,15 +199,16 @@ def _load_step(reader: ArtifactReader, st: dict, threads: int, opset: int, targe
     """The runtime step a saved step describes: its object code, or a new onnxruntime
     session for its host sub-graph."""
     from bridge.onnx_api import host_step
-    from compiler.codegen.compiled import CompiledGraph
+    from compiler.codegen.compiled import CpuProgram
+    from runtime.cpu import CpuStep
 
     sub = _get_graph(reader, st["graph"])
     if st["kind"] == "host":
         return host_step(sub, threads, opset)
     if st["kind"] != "compiled":
         reader.fail(f"malformed manifest: unknown step kind {st['kind']!r}")
-    compiled = CompiledGraph.from_object_code(sub, reader.read(st["object_code"]), threads,
-                                              target=target)
+    program = CpuProgram.from_object_code(sub, reader.read(st["object_code"]), target)
+    compiled = CpuStep(program, threads)
     if _memory_plan(compiled) != st["memory"]:
         reader.fail(f"{st['label']}: this braze plans its memory differently from the code "
                     "saved for it; compile the model again (`braze compile`)")

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                        "print the clusters and, for every node braze does not compile, why.")
     p.add_argument("input", help="an ONNX model")
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("-v", "--kernels", action="store_true",
+                   help="also print each compiled cluster's fusion plan: every kernel, its "
+                   "ops, its implementation (GEMM, Winograd, direct conv, ...) and why")
     _add_shapes(p)
     _add_common(p)
 

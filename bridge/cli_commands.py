@@ -159,7 +159,7 @@ def cmd_explain(args) -> int:
 
     model = load_model(Path(args.input))
     shapes = concrete_shapes(model, parse_shapes(args.shape))
-    print(explain_onnx(model, shapes, target=args.target), end="")
+    print(explain_onnx(model, shapes, target=args.target, kernels=args.kernels), end="")
     return 0
 
 

@@ -114,15 +114,16 @@ def first_refusal(clusters: list[Cluster]) -> str | None:
     for c in clusters:
         if not c.compiled:
             n = c.nodes[0]
-            label = n.attrs["op_type"] if n.op == "host" else n.op
+            label = n.label
             name = n.name or n.outputs[0].name
             return f"cannot compile {label} node {name!r}: {c.reasons[n]}"
     return None
 
 
 def compile_cluster(sub: Graph, target: str, threads: int):
-    """braze's kernels for a compiled cluster's sub-graph (a CompiledGraph; on "cuda", a
-    runtime.cuda.CudaStep running PTX for the current device)."""
+    """braze's kernels for a compiled cluster's sub-graph, loaded to run: a
+    runtime.cpu.CpuStep (on "cuda", a runtime.cuda.CudaStep running PTX for the current
+    device)."""
     from compiler.codegen import compile_graph
 
     if target == "cuda":
@@ -130,7 +131,9 @@ def compile_cluster(sub: Graph, target: str, threads: int):
 
         return CudaStep(compile_graph(sub, target=target, cache=compile_cache(),
                                       arch=device_arch()))
-    return compile_graph(sub, target=target, threads=threads, cache=compile_cache())
+    from runtime.cpu import CpuStep
+
+    return CpuStep(compile_graph(sub, target=target, cache=compile_cache()), threads)
 
 
 def host_step(sub: Graph, threads: int, opset: int):
@@ -169,7 +172,7 @@ class _Specialization:
         self.shapes, self.values = shapes, values
         self.graph = imported.graph
         self.opset = imported.opset
-        # per cluster, in step order: (sub-graph, its CompiledGraph or None for the host);
+        # per cluster, in step order: (sub-graph, its CpuStep or None for the host);
         # what save() writes
         self.parts: list[tuple[Graph, object]] = []
         self.input_names = imported.input_names  # the model inputs the executable takes
@@ -345,12 +348,16 @@ class CompiledOnnxModel:
         return {}
 
 
-def explain_onnx(model, shapes: dict, target: str = "cpu") -> str:
-    """`braze explain`: import at these shapes, cluster, describe."""
+def explain_onnx(model, shapes: dict, target: str = "cpu", kernels: bool = False) -> str:
+    """`braze explain`: import at these shapes, cluster, describe (with `kernels`, each
+    compiled cluster's fusion plan too: kernels, their ops and implementations)."""
+    from compiler.passes.fuse import describe_kernels
     from importers.onnx import import_onnx
 
     imported = import_onnx(model, input_shapes=shapes)
-    return describe_partition(plan(imported.graph, target))
+    clusters = plan(imported.graph, target)
+    text = describe_partition(clusters)
+    return text + describe_kernels(imported.graph, clusters, target) if kernels else text
 
 
 def compile_onnx_ptx(model, shapes: dict, arch: str | None = None,
@@ -379,7 +386,7 @@ def partition_report(clusters: list[Cluster]) -> dict:
     """The clusters as data: {"clusters": [{id, kind, ops, inputs, outputs}], "not_compiled":
     [{op, name, cluster, reason}], "nodes", "compiled_nodes"} (value names, node labels)."""
     def label(n):
-        return n.attrs["op_type"] if n.op == "host" else n.op
+        return n.label
 
     not_compiled = [{"op": label(n), "name": n.name or n.outputs[0].name, "cluster": c.id,
                      "reason": c.reasons[n]} for c in clusters if not c.compiled for n in c.nodes]

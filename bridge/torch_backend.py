@@ -373,8 +373,9 @@ def _make_step(cluster, graph, host_ops: dict, runner: GraphRunner):
         return TorchHostStep(sub, host_ops)
     try:
         from compiler.codegen import compile_graph
+        from runtime.cpu import CpuStep
 
-        compiled = compile_graph(sub, target=runner.opts.target, threads=runner.opts.threads)
+        compiled = CpuStep(compile_graph(sub, target=runner.opts.target), runner.opts.threads)
     except Exception as e:
         if runner.opts.strict:
             raise
@@ -393,7 +394,7 @@ def _log_host_nodes(name: str, clusters) -> None:
         if c.compiled:
             continue
         for n in c.nodes:
-            label = n.attrs["op_type"] if n.op == "host" else n.op
+            label = n.label
             seen[(label, c.reasons[n])] += 1
     for (label, reason), count in seen.items():
         times = f" ({count} nodes)" if count > 1 else ""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from compiler import dtypes
 from compiler.errors import BrazeError
@@ -78,6 +78,16 @@ class Value:
     def dtype(self) -> str:
         return self.type.dtype
 
+    @property
+    def is_const(self) -> bool:
+        """Whether a `const` node produces this value."""
+        return self.producer is not None and self.producer.op == "const"
+
+    @property
+    def const_value(self):
+        """The array of a `const`-produced value, else None."""
+        return self.producer.attrs["value"] if self.is_const else None
+
     def __repr__(self) -> str:
         return f"%{self.name}: {self.type}"
 
@@ -111,6 +121,11 @@ class Node:
 
         return get_op(self.op)
 
+    @property
+    def label(self) -> str:
+        """What the node is called in reports: its op, or a host node's framework op."""
+        return self.attrs["op_type"] if self.op == "host" else self.op
+
     def describe(self) -> str:
         """'op node "name"' for error messages (a host node's framework op, e.g. CumSum)."""
         op = self.attrs.get("op_type", self.op) if self.op == "host" else self.op
@@ -129,9 +144,24 @@ class Graph:
         self.name = name
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
-        self.nodes: list[Node] = []
+        self._nodes: list[Node] = []
+        # value -> the nodes reading it (`users`): built on first use, then kept current by
+        # this class's edits (add_node, set_inputs, replace_all_uses, remove_node);
+        # assigning `nodes` drops it. verify() checks it against a fresh count.
+        self._users: dict[Value, list[Node]] | None = None
         self._names: set[str] = set()
         self._counter = itertools.count()
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The nodes in topological order (edit through the methods below, or assign a
+        new list; editing a node's `inputs` in place needs `set_inputs`)."""
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, nodes: list[Node]) -> None:
+        self._nodes = list(nodes)
+        self._users = None
 
     # -- building ---------------------------------------------------------
 
@@ -181,9 +211,10 @@ class Graph:
             self._names.add(vname)
             node.outputs.append(Value(vname, t, node))
         if index is None:
-            self.nodes.append(node)
+            self._nodes.append(node)
         else:
-            self.nodes.insert(index, node)
+            self._nodes.insert(index, node)
+        self._link(node)
         return node
 
     def op(self, op: str, *inputs: Value, name: str = "", **attrs) -> Value:
@@ -217,12 +248,11 @@ class Graph:
     # -- queries and edits ------------------------------------------------
 
     def users(self) -> dict[Value, list[Node]]:
-        """Map each value to the nodes that read it (in node order)."""
-        out: dict[Value, list[Node]] = {}
-        for n in self.nodes:
-            for v in n.inputs:
-                out.setdefault(v, []).append(n)
-        return out
+        """Map each value to the nodes that read it (a node once per input that reads it).
+        Kept current by the graph's edits, not rebuilt per call; callers must not edit it."""
+        if self._users is None:
+            self._users = _count_users(self._nodes)
+        return self._users
 
     def values(self) -> list[Value]:
         """Every value: inputs, then node outputs in order."""
@@ -231,27 +261,61 @@ class Graph:
             vals.extend(n.outputs)
         return vals
 
+    def set_inputs(self, node: Node, inputs: Iterable[Value]) -> None:
+        """Point `node` (in this graph) at `inputs`, keeping `users` current."""
+        self._unlink(node)
+        node.inputs = list(inputs)
+        self._link(node)
+
+    def set_input(self, node: Node, i: int, value: Value) -> None:
+        """Point input `i` of `node` at `value`."""
+        inputs = list(node.inputs)
+        inputs[i] = value
+        self.set_inputs(node, inputs)
+
+    def remove_node(self, node: Node) -> None:
+        """Take `node` out of the graph (its outputs must have no readers left)."""
+        self._nodes.remove(node)
+        self._unlink(node)
+
     def replace_all_uses(self, old: Value, new: Value) -> None:
         """Point every reader of `old` (nodes and graph outputs) at `new`."""
-        for n in self.nodes:
-            n.inputs = [new if v is old else v for v in n.inputs]
+        for n in dict.fromkeys(self.users().get(old, ())):
+            self.set_inputs(n, [new if v is old else v for v in n.inputs])
         self.outputs = [new if v is old else v for v in self.outputs]
 
     def remove_dead(self) -> int:
-        """Drop nodes whose outputs nobody reads; return how many went."""
+        """Drop nodes whose outputs nobody reads; return how many went (one backward pass:
+        linear in the graph's size)."""
         live = set(self.outputs)
         kept = []
-        for n in reversed(self.nodes):
+        for n in reversed(self._nodes):
             if any(o in live for o in n.outputs):
                 kept.append(n)
                 live.update(n.inputs)
-        removed = len(self.nodes) - len(kept)
-        for n in self.nodes:
-            if n not in kept:
-                for o in n.outputs:
-                    self._names.discard(o.name)
-        self.nodes = kept[::-1]
+        removed = len(self._nodes) - len(kept)
+        if removed:
+            keep = set(kept)
+            for n in self._nodes:
+                if n not in keep:
+                    for o in n.outputs:
+                        self._names.discard(o.name)
+            self.nodes = kept[::-1]
         return removed
+
+    def _link(self, node: Node) -> None:
+        if self._users is not None:
+            for v in node.inputs:
+                self._users.setdefault(v, []).append(node)
+
+    def _unlink(self, node: Node) -> None:
+        if self._users is not None:
+            for v in node.inputs:
+                readers = self._users.get(v)
+                if readers is not None and node in readers:
+                    readers.remove(node)
+                    if not readers:
+                        del self._users[v]
 
     def toposort(self) -> None:
         """Re-order nodes topologically (stable); IRError on a cycle."""
@@ -271,7 +335,7 @@ class Graph:
                 raise IRError(f"cycle or undefined input at {rest[0].describe()}")
             ordered.extend(progress)
             pending = rest
-        self.nodes = ordered
+        self._nodes = ordered  # the same edges: `users` stays current
 
     def __str__(self) -> str:
         from compiler.text import print_graph
@@ -286,6 +350,26 @@ class Graph:
         return graphs_equal(self, other)
 
     __hash__ = None  # mutable
+
+
+def _count_users(nodes: list[Node]) -> dict[Value, list[Node]]:
+    out: dict[Value, list[Node]] = {}
+    for n in nodes:
+        for v in n.inputs:
+            out.setdefault(v, []).append(n)
+    return out
+
+
+def _check_users(graph: Graph, where: str) -> None:
+    """The kept `users` map equals a fresh count (an edit of `inputs` that bypassed
+    Graph.set_inputs would leave it stale)."""
+    if graph._users is None:
+        return
+    fresh = _count_users(graph.nodes)
+    kept = {v: sorted(map(id, r)) for v, r in graph._users.items() if r}
+    if kept != {v: sorted(map(id, r)) for v, r in fresh.items()}:
+        raise IRError(f"the graph's readers map is stale{where}: a node's inputs were "
+                      "edited without Graph.set_inputs")
 
 
 def verify(graph: Graph, *, after: str = "") -> None:
@@ -331,6 +415,7 @@ def verify(graph: Graph, *, after: str = "") -> None:
     for v in graph.outputs:
         if id(v) not in defined:
             raise IRError(f"graph output %{v.name} is not defined{where}")
+    _check_users(graph, where)
 
 
 def clone(graph: Graph) -> Graph:
@@ -346,9 +431,6 @@ def clone(graph: Graph) -> Graph:
             g.reserve_name(o.name)
             m.outputs.append(nv)
             vmap[o] = nv
-        g.nodes.append(m)
+        g._nodes.append(m)
     g.outputs = [vmap[v] for v in graph.outputs]
     return g
-
-
-Attr = Any

@@ -24,7 +24,7 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.codegen import nvptx
-from compiler.codegen.compiled import ALIGN
+from compiler.codegen.memory import ALIGN
 from compiler.errors import BrazeError, InputError
 
 
@@ -232,7 +232,7 @@ class CudaStep:
         slot = self.program.slots.get(v)
         if slot in self._constants:
             return self._constants[slot].clone()
-        return to_torch(np.array(v.producer.attrs["value"])).to(self.device)
+        return to_torch(np.array(v.const_value)).to(self.device)
 
 
 def cuda_step(fn) -> CudaStep | None:

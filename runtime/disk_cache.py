@@ -33,16 +33,6 @@ def default_dir() -> Path | None:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "braze"
 
 
-def make_key(*parts: str | bytes) -> str:
-    """A stable hex key from the parts (IR text, target, CPU features, version...)."""
-    h = hashlib.sha256()
-    for p in parts:
-        b = p.encode() if isinstance(p, str) else p
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()
-
-
 class DiskCache:
     """get/put of byte payloads by key; a missing directory is created on first put."""
 

@@ -101,7 +101,7 @@ def build_executable(graph: Graph, clusters: list, make_step: Callable) -> Execu
                      f"{c.kind} cluster {c.id}"))
     constants = {}
     for v in graph.outputs:
-        if v not in slots and v.producer is not None and v.producer.op == "const":
+        if v not in slots and v.is_const:
             constants[slot(v)] = v.producer.attrs["value"]
     outputs = [slot(v) for v in graph.outputs]
     last_use: dict[int, int] = {}

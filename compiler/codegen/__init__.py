@@ -3,8 +3,9 @@
 `supports(node, target)` is the one registry that decides compile-or-fallback
 per node (inductor's lowerings/make_fallback): None when braze's codegen emits
 the node, else the sentence saying why not. `compile_graph` turns a cluster's
-sub-graph into a CompiledGraph (compiler/codegen/compiled.py) for the CPU, or a
-CudaProgram (PTX: compiler/codegen/cuda.py; runtime/cuda.py runs it) for "cuda".
+sub-graph into data for the runtime: a CpuProgram (object code and memory plan:
+compiler/codegen/compiled.py; runtime/cpu.py runs it) for the CPU, or a CudaProgram
+(PTX: compiler/codegen/cuda.py; runtime/cuda.py runs it) for "cuda".
 """
 
 from __future__ import annotations
@@ -79,15 +80,14 @@ def _kind(target) -> str | None:
         return None
 
 
-def compile_graph(subgraph: Graph, target="cpu", threads: int = 2, cache=None,
-                  arch: str | None = None):
-    """Compile a cluster's sub-graph into a CompiledGraph (`.run(arrays) -> arrays`), or for
-    target "cuda" into a CudaProgram (PTX for `arch`, default sm_80; needs no GPU).
+def compile_graph(subgraph: Graph, target="cpu", cache=None, arch: str | None = None):
+    """Compile a cluster's sub-graph into a CpuProgram (object code and memory plan; run it
+    with runtime.cpu.CpuStep), or for target "cuda" into a CudaProgram (PTX for `arch`,
+    default sm_80; runtime.cuda.CudaStep runs it). Neither needs the device to exist.
     A CPU target is "cpu" (this machine), "cpu:<LLVM CPU name>[,+f,-f][@triple]" or a
-    compiler.target.Target; code for a CPU this machine cannot run compiles but does not
-    run (CompiledGraph.object_code holds it).
+    compiler.target.Target; code for a CPU this machine cannot run compiles (CpuStep
+    refuses to run it).
 
-    `threads`: threads for big kernels (CompiledGraph.set_threads changes it);
     `cache`: any object with get(key)/put(key, bytes) for the object code (or PTX).
     CompileError names the first node braze cannot compile, and why.
     """
@@ -102,7 +102,7 @@ def compile_graph(subgraph: Graph, target="cpu", threads: int = 2, cache=None,
 
         return compile_cuda(subgraph, arch=arch or DEFAULT_ARCH, cache=cache)
     from compiler import gc_paused
-    from compiler.codegen.compiled import CompiledGraph
+    from compiler.codegen.compiled import compile_cpu
 
     with gc_paused():
-        return CompiledGraph(subgraph, threads=threads, cache=cache, target=target)
+        return compile_cpu(subgraph, cache=cache, target=target)

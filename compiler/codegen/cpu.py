@@ -14,7 +14,7 @@ row, one inner loop per level of reductions, accumulators in registers
 then one inner loop writing the root's row.
 
 `bufs` holds the pointers of the cluster inputs, its outputs, constant
-tensors and the intermediates (see compiled.py for who fills it).
+tensors and the intermediates (slots: codegen/memory.py; runtime/cpu.py fills it).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
                                        kernel_leaves, mul_add, reduce_init, store_element,
                                        without)
 from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
+from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
-from compiler.kernels import conv, gemm, grouped, winograd
+from compiler.kernels import choice, conv, gemm, grouped, winograd
 from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
@@ -142,17 +143,18 @@ class Renderer:
         self._faults = FaultWord(b) if FAULTS in self._local else None
         root = k.root
         node = k.contraction
-        outer, parallel = _extent(k, self.tile)
-        if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
-            shape = gemm.GemmShape.of(node, self.tile)
+        outer, parallel = _extent(k)
+        impl = k.impl.name if k.impl is not None else None
+        if impl == choice.GEMM:
+            shape = choice.shape(node, k.impl)
             a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
             after, before, regs = self._tile_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: gemm.emit_item(
                 b, shape, ptrs[a], packed, ptrs[root], o, after, before, regs))
-        elif node is not None and node.op == "conv":
+        elif impl in (choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
             self._conv(b, bufs, ptrs, k, lo, hi)
-        elif node is not None:
+        elif impl == choice.ROW_MATMUL:
             counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row" and by_columns(k):
             counted_loop(b, lo, hi, lambda b, o: self._column_kernel(b, ptrs, k, o))
@@ -326,26 +328,24 @@ class Renderer:
         return after
 
     def _conv(self, b, bufs, ptrs, k: Kernel, lo, hi) -> None:
-        """A conv kernel's loop over its work items: Winograd where it applies, else the
-        direct implicit GEMM (`_extent` counts the same items)."""
+        """A conv kernel's loop over its work items: Winograd or the direct implicit GEMM,
+        as `k.impl` says (`_extent` counts the same items)."""
         node, root = k.contraction, k.root
         x = node.inputs[0]
         extra = [(PACKED, u) for u in node.inputs[1:]]
         packed = self._buffers(b, bufs, extra)
         weight, bias = packed[extra[0]], packed[extra[1]] if len(extra) > 1 else None
-        if grouped.refusal(node) is None:
-            shape = grouped.plan(node, self.tile.vec)
+        shape = choice.shape(node, k.impl)
+        if k.impl.name == choice.GROUPED:
             apply, after = self._channel_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: grouped.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, apply, after))
-        elif winograd.refusal(node, self.tile) is None:
-            shape = winograd.plan(node, self.tile)
+        elif k.impl.name == choice.WINOGRAD:
             zeros = b.bitcast(conv.zeros_row(b, shape.cin), PTR)
             epilogue, post = self._winograd_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: winograd.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, zeros, epilogue, post))
         else:
-            shape = conv.ConvShape.of(node, self.tile)
             after, before, regs = self._tile_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: conv.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, after, before, regs))
@@ -529,10 +529,7 @@ class Renderer:
         return fn
 
     def _decl(self, name: str, ret, args):
-        try:
-            return self.module.get_global(name)
-        except KeyError:
-            return ir.Function(self.module, ir.FunctionType(ret, args), name)
+        return declare(self.module, name, ret, args)
 
     def _entry(self, nests) -> None:
         args = [PTR, I32] + ([PTR] if self.profile else [])
@@ -616,12 +613,10 @@ class SplitRender:
     def _size(self, g: int) -> float:
         """A rough relative size of group g's code (Winograd and direct convs render the
         most: transforms, micro-kernels and their tails)."""
-        node = self.plan.kernels[self.first[g]].contraction
-        if node is None:
+        impl = self.plan.kernels[self.first[g]].impl
+        if impl is None:
             return 1.0
-        if node.op == "conv":
-            return 6.0 if winograd.refusal(node, self.tile) is None else 3.0
-        return 2.0
+        return _CODE_SIZE.get(impl.name, 2.0)
 
     def render(self, part: int) -> str:
         """LLVM IR of one part: its groups' functions (exported), and for part 0 the
@@ -638,31 +633,35 @@ class SplitRender:
                 fns[g] = ir.Function(r.module, ir.FunctionType(ir.VoidType(),
                                                                [PTR, I64, I64]), name)
         if part == 0:
-            r._entry([(fns[g], *_extent(kernels[self.first[g]], self.tile), r._values(k))
+            r._entry([(fns[g], *_extent(kernels[self.first[g]]), r._values(k))
                       for k, g in zip(kernels, self.group)])
         return str(r.module)
 
 
 # -- helpers ----------------------------------------------------------------------
 
+# A rough relative size of a contraction kernel's code, by implementation (Winograd and
+# direct convs render the most: transforms, micro-kernels and their tails); others 2.0.
+_CODE_SIZE = {choice.WINOGRAD: 6.0, choice.DIRECT_CONV: 3.0, choice.GROUPED: 3.0}
+
+
 def _may_fault(k: Kernel) -> bool:
     """Whether a kernel computes a node that records faults (compiler/codegen/faults.py)."""
     return any(code_of(n) for n in k.nodes)
 
 
-def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
+def _extent(k: Kernel) -> tuple[int, bool]:
     """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
     rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
     root, node = k.root, k.contraction
-    if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
-        shape = gemm.GemmShape.of(node, tile)
+    impl = k.impl.name if k.impl is not None else None
+    if impl == choice.GEMM:
+        shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.m * shape.n * shape.k
-    elif node is not None and node.op == "conv":
-        shape = grouped.plan(node, tile.vec) if grouped.refusal(node) is None \
-            else winograd.plan(node, tile) if winograd.refusal(node, tile) is None \
-            else conv.ConvShape.of(node, tile)
+    elif impl in (choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
+        shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.macs
-    elif node is not None:
+    elif impl == choice.ROW_MATMUL:
         outer = int(np.prod(root.shape[:-1], dtype=np.int64))
         work = root.type.size * node.inputs[0].shape[-1]
     elif k.kind == "row":
@@ -710,8 +709,8 @@ def _signature(k: Kernel, local: dict) -> tuple | None:
         for u in n.inputs:
             if u in ids:
                 args.append(ids[u])
-            elif u.producer is not None and u.producer.op == "const":
-                value = np.asarray(u.producer.attrs["value"])
+            elif u.is_const:
+                value = np.asarray(u.const_value)
                 if value.size > SIGNATURE_CONST_ELEMENTS and (PACKED, u) not in local:
                     return None
                 args.append(("const", str(u.type), value.tobytes()
@@ -754,8 +753,7 @@ REGISTER_OPS = {
 def _operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
     """How a register epilogue reads `u`: "scalar", "full" (root's shape, a buffer),
     "row" (N values along the last dim, broadcast over the rows), or None (it cannot)."""
-    p = u.producer
-    if p is not None and p.op == "const" and p.attrs["value"].size == 1:
+    if u.is_const and u.const_value.size == 1:
         return "scalar"
     if u not in ptrs or u.dtype != "f32":
         return None
@@ -772,7 +770,7 @@ def _operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype):
     root, channel `col`), per `_operand_kind`."""
     kind = _operand_kind(u, root, ptrs)
     if kind == "scalar":
-        return gemm.splat_constant(b, u.producer.attrs["value"].reshape(-1)[0], vtype)
+        return gemm.splat_constant(b, u.const_value.reshape(-1)[0], vtype)
     ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
                 inbounds=True)
     return b.load(ptr, typ=vtype, align=4)

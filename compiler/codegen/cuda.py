@@ -31,7 +31,7 @@ from llvmlite import ir
 
 from compiler import __version__, dtypes
 from compiler.codegen import nvptx
-from compiler.codegen.compiled import arena_plan
+from compiler.codegen.memory import plan_memory
 from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
                                       kernel_leaves, mul_add, reduce_init, store_element,
                                       without)
@@ -84,7 +84,7 @@ class Launch:
 class CudaProgram:
     """A cluster compiled for NVIDIA GPUs (runtime/cuda.py loads and runs it).
 
-    Slots number the buffers as CompiledGraph's do: `inputs`, then `outputs` (the
+    Slots number the buffers as a CpuProgram's do (memory.plan_memory): `inputs`, then `outputs` (the
     materialized graph outputs, each once), then `constants` (slot, array), then the
     intermediates at `offsets` (slot -> byte offset) in one arena of `arena_bytes`.
     """
@@ -118,22 +118,15 @@ def compile_cuda(graph: Graph, arch: str = nvptx.DEFAULT_ARCH, ptx: str | None =
                  cache=None) -> CudaProgram:
     """Render the cluster's fusion plan for NVPTX and compile it to PTX for `arch`."""
     nvptx.check_arch(arch)
-    kplan = plan(graph)
-    outputs = list(dict.fromkeys(v for v in graph.outputs if v in kplan.materialized))
-    consts = [n.outputs[0] for n in graph.nodes
+    kplan = plan(graph, target="cuda")
+    consts = [(n.outputs[0], np.ascontiguousarray(n.attrs["value"])) for n in graph.nodes
               if n.op == "const" and n.attrs["value"].size != 1]
-    inter = [k.root for k in kplan.kernels if k.root not in outputs]
-    order = list(graph.inputs) + outputs + consts + inter
-    slots = {v: i for i, v in enumerate(order)}
-    offsets, arena_bytes = arena_plan(kplan, inter)
-    renderer = CudaRenderer(graph, kplan, slots)
+    mem = plan_memory(graph, kplan, consts)
+    renderer = CudaRenderer(graph, kplan, mem.slots)
     llvm_ir = renderer.render()
     text = _compile(llvm_ir, arch, ptx, cache)
-    return CudaProgram(
-        graph, kplan, arch, slots, list(graph.inputs), outputs,
-        [(slots[v], np.ascontiguousarray(v.producer.attrs["value"])) for v in consts],
-        {slots[v]: off for v, off in offsets.items()}, arena_bytes, renderer.launches,
-        llvm_ir, text)
+    return CudaProgram(graph, kplan, arch, mem.slots, mem.inputs, mem.outputs, mem.constants,
+                       mem.offsets, mem.arena_bytes, renderer.launches, llvm_ir, text)
 
 
 def _compile(llvm_ir: str, arch: str, ptx: str | None, cache) -> str:

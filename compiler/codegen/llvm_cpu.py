@@ -1,10 +1,11 @@
-"""CPUs as LLVM targets: the target machine, compiling a module, loading object code.
+"""CPUs as LLVM targets: the target machine, compiling a module to object code.
 
-Render (an llvmlite.ir.Module), compile (optimize at -O3 with the new pass
+Render (an llvmlite.ir.Module) and compile (optimize at -O3 with the new pass
 manager for a compiler/target.py Target: the host's CPU name and features by
-default, or another CPU's), and load (an MCJIT engine on this machine, kept alive
-as long as any function pointer from it is used) are separate steps, so compiled
-object code can also be cached, reloaded, or written for a CPU that is not this one.
+default, or another CPU's) happen here; loading (an MCJIT engine on this machine,
+kept alive as long as any function pointer from it is used) is runtime/cpu.py's
+JitModule, so compiled object code can also be cached, reloaded, or written for a
+CPU that is not this one.
 
 Threads: kernels split their outer loops with GNU OpenMP's `GOMP_parallel`
 (libgomp, loaded once): a warm team launches in microseconds, with no Python
@@ -13,14 +14,12 @@ on the path. Where libgomp is missing, kernels run on one thread.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
 import os
 import struct
-import threading
 import warnings
 from typing import Callable
 
@@ -30,11 +29,10 @@ from compiler import target as targets
 from compiler.target import Target
 
 log = logging.getLogger("braze")
-_lock = threading.Lock()
 
 
 @functools.cache
-def _init() -> None:
+def init() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     targets.init()
@@ -59,14 +57,14 @@ def libgomp() -> bool:
 def target_machine(target: Target | None = None) -> llvm.TargetMachine:
     """The shared target machine of `target` (default: the host) for optimizing and
     emitting (never given to an engine)."""
-    _init()
+    init()
     return targets.target_machine(target or targets.host())
 
 
 def optimize(module_text: str, target: Target | None = None) -> llvm.ModuleRef:
     """Parse and optimize LLVM IR for `target` (default: the host) at -O3 (loop and SLP
     vectorizers on: they widen to the target's vectors)."""
-    _init()
+    init()
     tm = target_machine(target)
     mod = llvm.parse_assembly(module_text)
     mod.triple = tm.triple
@@ -81,34 +79,9 @@ def optimize(module_text: str, target: Target | None = None) -> llvm.ModuleRef:
     return mod
 
 
-class JitModule:
-    """A loaded module: function addresses stay valid while this object lives."""
-
-    def __init__(self, module: llvm.ModuleRef | None = None, object_code: bytes | None = None):
-        _init()
-        libgomp()
-        with _lock:
-            # an engine owns (and frees) its target machine: give it its own
-            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
-                                                      targets.target_machine(targets.host()))
-            if module is not None:
-                self._engine.add_module(module)
-                self._module = module
-            for obj in split_objects(object_code) if object_code is not None else ():
-                self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-            self._engine.finalize_object()
-            self._engine.run_static_constructors()
-
-    def address(self, name: str) -> int:
-        addr = self._engine.get_function_address(name)
-        if not addr:
-            raise RuntimeError(f"compiled code has no function {name!r}")
-        return addr
-
-
 def emit_object(module: llvm.ModuleRef, target: Target | None = None) -> bytes:
     """Machine code for `target` (default: the host), to cache on disk and load with
-    JitModule(object_code=...) where the target runs."""
+    runtime.cpu.JitModule where the target runs."""
     return target_machine(target).emit_object(module)
 
 
@@ -164,7 +137,7 @@ def compile_parts(render: Callable[[int], str], parts: int,
     fork), which send their object code back through a pipe, while this process does
     part 0. A child that fails leaves its part to this process, which then compiles it
     itself (and raises any error there, as a serial compile would)."""
-    if parts == 1 or not hasattr(os, "fork"):
+    if parts == 1 or not hasattr(os, "fork") or llvmlite_lock() is None:
         return join_objects([compile_ir(render(p), target) for p in range(parts)])
     children = [_fork_part(render, p, target) for p in range(1, parts)]
     objects = [compile_ir(render(0), target)]
@@ -177,15 +150,28 @@ def compile_parts(render: Callable[[int], str], parts: int,
     return join_objects(objects)
 
 
+def llvmlite_lock():
+    """llvmlite's process-wide lock (every call into LLVM takes it), or None where this
+    llvmlite has no lock braze can take; then compile_parts compiles its parts here, one
+    after another, instead of in forked children.
+
+    The one use of llvmlite's private API in braze, kept here: `llvm.ffi.lib._lock`.
+    llvmlite offers no public way to take its lock (`ffi.register_lock_callback` only
+    observes it), and a fork while another thread holds it leaves the child waiting for
+    it forever. tests/compiler/test_codegen.py checks that this is the lock llvmlite's
+    calls take (through that public callback) and that without it nothing forks."""
+    lock = getattr(getattr(llvm.ffi, "lib", None), "_lock", None)
+    return lock if hasattr(lock, "__enter__") and hasattr(lock, "__exit__") else None
+
+
 def _fork_part(render, part: int, target: Target | None):
     """(pid, read end) of a child compiling `part`, or None when fork fails."""
-    _init()
+    init()
     read, write = os.pipe()
     # no other thread may hold llvmlite's lock across the fork (the child would wait
     # for it forever): take it here, and the child (this thread's copy) releases it
-    lock = getattr(getattr(llvm.ffi, "lib", None), "_lock", None) or contextlib.nullcontext()
     try:
-        with lock, warnings.catch_warnings():
+        with llvmlite_lock(), warnings.catch_warnings():
             # Python 3.12+ warns about fork in a threaded process; the child runs only
             # LLVM (whose lock is held here) and this module's code, then _exit
             warnings.simplefilter("ignore", DeprecationWarning)

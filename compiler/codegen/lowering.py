@@ -3,6 +3,8 @@ element stores, multiply-add and reduction steps, and which buffers a kernel rea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from llvmlite import ir
 
@@ -11,7 +13,9 @@ from compiler.codegen.emitter import i64, scalar_constant
 from compiler.codegen.ops_llvm import I64, binary_float, binary_int, llvm_type, storage_type
 from compiler.ir import Value
 from compiler.ops import Family
-from compiler.passes.fuse import Kernel
+
+if TYPE_CHECKING:  # fuse imports the kernel choice, whose kernels import these helpers
+    from compiler.passes.fuse import Kernel
 
 
 def counted_loop(b: ir.IRBuilder, lo, hi, body, step=None) -> None:

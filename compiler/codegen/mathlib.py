@@ -25,6 +25,8 @@ import math
 
 from llvmlite import ir
 
+from compiler.codegen.symbols import declare
+
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
 
@@ -202,12 +204,8 @@ def _intrinsic(b: ir.IRBuilder, name: str, t=F32):
     """The LLVM intrinsic `name` (e.g. "llvm.fabs") on float type t (float or vector)."""
     lanes = _vec_count(t)
     full = f"{name}.v{lanes}f32" if lanes else f"{name}.f32"
-    module = b.module
-    try:
-        return module.get_global(full)
-    except KeyError:
-        arity = 2 if name in ("llvm.copysign", "llvm.minnum", "llvm.maxnum") else 1
-        return ir.Function(module, ir.FunctionType(t, [t] * arity), full)
+    arity = 2 if name in ("llvm.copysign", "llvm.minnum", "llvm.maxnum") else 1
+    return declare(b.module, full, t, [t] * arity)
 
 
 FAST_F32 = {"exp": exp_f32, "log": log_f32_full, "tanh": tanh_f32, "sigmoid": sigmoid_f32,

@@ -24,6 +24,7 @@ from pathlib import Path
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from compiler.codegen.symbols import declare
 from compiler.errors import CompileError
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -168,29 +169,22 @@ def run_ptxas(ptx: str, arch: str) -> str:
 
 # -- NVVM intrinsics --------------------------------------------------------------
 
-def _declare(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, ir.FunctionType(ret, args), name)
-
-
 def sreg(b: ir.IRBuilder, name: str):
     """A special register as i64: 'tid.x', 'ntid.x', 'ctaid.x' or 'nctaid.x'."""
-    fn = _declare(b.module, f"llvm.nvvm.read.ptx.sreg.{name}", I32, [])
+    fn = declare(b.module, f"llvm.nvvm.read.ptx.sreg.{name}", I32, [])
     return b.zext(b.call(fn, []), I64)
 
 
 def barrier(b: ir.IRBuilder) -> None:
     """__syncthreads(): every thread of the block reaches it before any goes on."""
-    b.call(_declare(b.module, "llvm.nvvm.barrier.cta.sync.aligned.all", ir.VoidType(), [I32]),
+    b.call(declare(b.module, "llvm.nvvm.barrier.cta.sync.aligned.all", ir.VoidType(), [I32]),
            [ir.Constant(I32, 0)])
 
 
 def shfl_xor(b: ir.IRBuilder, x, lane_mask: int):
     """x of lane (this lane ^ lane_mask), for any scalar type up to 64 bits (sent as one
     or two 32-bit words; every lane of the warp must take part)."""
-    fn = _declare(b.module, "llvm.nvvm.shfl.sync.bfly.i32", I32, [I32, I32, I32, I32])
+    fn = declare(b.module, "llvm.nvvm.shfl.sync.bfly.i32", I32, [I32, I32, I32, I32])
     args = [ir.Constant(I32, lane_mask), ir.Constant(I32, WARP - 1)]
     t = x.type
     width = t.width if isinstance(t, ir.IntType) else (32 if t == ir.FloatType() else 64)

@@ -15,6 +15,7 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen.mathlib import FAST_F32
+from compiler.codegen.symbols import declare
 from compiler.ir import IRError
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
@@ -51,11 +52,7 @@ def _type_suffix(t: ir.Type) -> str:
 
 def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, arity: int = 1, ret=None):
     full = f"{name}.{_type_suffix(t)}" if name.startswith("llvm.") else name
-    full = _math_symbol(b.module, full)
-    try:
-        return b.module.get_global(full)
-    except KeyError:
-        return ir.Function(b.module, ir.FunctionType(ret or t, [t] * arity), full)
+    return declare(b.module, _math_symbol(b.module, full), ret or t, [t] * arity)
 
 
 def _libm(b, name: str, t, x):
@@ -256,11 +253,7 @@ def cast(b, x, src: str, dst: str):
     if _is_float(src):  # saturating: NaN -> 0, out of range -> the nearest bound
         name = "llvm.fptosi.sat" if dst in dtypes.SIGNED else "llvm.fptoui.sat"
         full = f"{name}.i{dt.width}.{'f32' if st == F32 else 'f64'}"
-        try:
-            fn = b.module.get_global(full)
-        except KeyError:
-            fn = ir.Function(b.module, ir.FunctionType(dt, [st]), full)
-        return b.call(fn, [x])
+        return b.call(declare(b.module, full, dt, [st]), [x])
     if dt.width == st.width:
         return x
     if dt.width < st.width:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from compiler.codegen.symbols import declare
+
 F32 = ir.FloatType()
 I64 = ir.IntType(64)
 I32 = ir.IntType(32)
@@ -140,12 +142,8 @@ def mul_add(b: ir.IRBuilder, tile: Tile, x, y, acc):
     a multiply and an add (llvm.fma there would be a libm call per lane)."""
     if not tile.fma:
         return b.fadd(b.fmul(x, y), acc)
-    mod, vt = b.module, tile.vtype
-    name = f"llvm.fma.v{tile.vec}f32"
-    try:
-        fma = mod.get_global(name)
-    except KeyError:
-        fma = ir.Function(mod, ir.FunctionType(vt, [vt, vt, vt]), name)
+    vt = tile.vtype
+    fma = declare(b.module, f"llvm.fma.v{tile.vec}f32", vt, [vt, vt, vt])
     return b.call(fma, [x, y, acc])
 
 
@@ -295,12 +293,7 @@ def for_each_tile(b: ir.IRBuilder, t: Tile, m: int, n: int, item, tile,
 
 def prefetch(b: ir.IRBuilder, ptr, write: bool) -> None:
     """Ask for the cache line at `ptr` (into L1) ahead of its use."""
-    mod = b.module
-    try:
-        fn = mod.get_global("llvm.prefetch.p0")
-    except KeyError:
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]),
-                         "llvm.prefetch.p0")
+    fn = declare(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
     b.call(fn, [ptr, ir.Constant(I32, int(write)), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 

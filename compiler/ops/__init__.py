@@ -124,10 +124,6 @@ def get_op(name: str) -> OpDef:
         raise IRError(f"unknown op {name!r}") from None
 
 
-def all_ops() -> dict[str, OpDef]:
-    return dict(_REGISTRY)
-
-
 def ops_in(family: Family) -> list[str]:
     return [n for n, d in _REGISTRY.items() if d.family is family]
 

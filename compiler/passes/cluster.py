@@ -105,7 +105,7 @@ class _Partition:
     def producers(self, i: int) -> set[int]:
         node = self.nodes[i]
         return {self.index[v.producer] for v in node.inputs
-                if v.producer is not None and v.producer.op != "const"}
+                if v.producer is not None and not v.is_const}
 
     def find(self, i: int) -> int:
         while self.rep[i] != i:
@@ -228,7 +228,7 @@ def set_boundaries(graph: Graph, clusters: list[Cluster], owner: dict[Value, int
                 if owner.get(v) == c.id:
                     continue
                 read_outside.add(v)
-                is_const = v.producer is not None and v.producer.op == "const"
+                is_const = v.is_const
                 if not is_const and v not in seen:
                     seen.add(v)
                     c.inputs.append(v)
@@ -257,7 +257,7 @@ def outline(graph: Graph, cluster: Cluster) -> Graph:
     vmap: dict[Value, Value] = {v: g.add_input(v.name, v.type) for v in cluster.inputs}
     for n in cluster.nodes:
         for v in n.inputs:
-            if v not in vmap and v.producer is not None and v.producer.op == "const":
+            if v not in vmap and v.is_const:
                 vmap[v] = g.add_node("const", [], v.producer.attrs, out_names=[v.name]).output
         m = g.add_node(n.op, [vmap[v] for v in n.inputs], n.attrs, name=n.name,
                        out_names=[o.name for o in n.outputs],
@@ -268,7 +268,7 @@ def outline(graph: Graph, cluster: Cluster) -> Graph:
 
 
 def _label(n: Node) -> str:
-    return n.attrs["op_type"] if n.op == "host" else n.op
+    return n.label
 
 
 def describe_partition(clusters: list[Cluster]) -> str:

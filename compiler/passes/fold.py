@@ -137,7 +137,7 @@ def rewrite_conv(graph: Graph, node: Node, match) -> Value:
     else:
         b = combine("add", b, vec, dtype)
     bias = new_const(graph, conv, b, conv.outputs[0].name + ".bias")
-    conv.inputs = [conv.inputs[0], w_val, bias]
+    graph.set_inputs(conv, [conv.inputs[0], w_val, bias])
     return conv.outputs[0]
 
 
@@ -159,8 +159,8 @@ def check_matmul(node: Node, ctx: Context):
 def rewrite_matmul(graph: Graph, node: Node, match) -> Value:
     mm, vec = match
     b = const_value(mm.inputs[1])
-    mm.inputs = [mm.inputs[0], new_const(graph, mm, combine("mul", b, vec, b.dtype),
-                                         mm.inputs[1].name + ".scaled")]
+    graph.set_inputs(mm, [mm.inputs[0], new_const(graph, mm, combine("mul", b, vec, b.dtype),
+                                                  mm.inputs[1].name + ".scaled")])
     return mm.outputs[0]
 
 
@@ -196,8 +196,8 @@ def check_merge(node: Node, ctx: Context):
 
 def rewrite_merge(graph: Graph, node: Node, match) -> Value:
     inner, z, a, c = match
-    inner.inputs = [z, new_const(graph, inner, combine(node.op, a, c, a.dtype),
-                                 inner.outputs[0].name + ".c")]
+    graph.set_inputs(inner, [z, new_const(graph, inner, combine(node.op, a, c, a.dtype),
+                                          inner.outputs[0].name + ".c")])
     return inner.outputs[0]
 
 
@@ -223,8 +223,8 @@ def rewrite_push_mul(graph: Graph, node: Node, match) -> Value:
     scale = new_const(graph, add, c, node.outputs[0].name + ".s")
     scaled = graph.add_node("mul", [z, scale], name=node.name,
                             index=graph.nodes.index(add)).output
-    add.inputs = [scaled, new_const(graph, add, combine("mul", a, c, a.dtype),
-                                    add.outputs[0].name + ".c")]
+    graph.set_inputs(add, [scaled, new_const(graph, add, combine("mul", a, c, a.dtype),
+                                             add.outputs[0].name + ".c")])
     return add.outputs[0]
 
 
@@ -245,7 +245,7 @@ def rewrite_sub(graph: Graph, node: Node, c: np.ndarray) -> None:
     with np.errstate(all="ignore"):
         neg = np.negative(c)
     node.op = "add"
-    node.inputs[1] = new_const(graph, node, neg, node.inputs[1].name + ".neg")
+    graph.set_input(node, 1, new_const(graph, node, neg, node.inputs[1].name + ".neg"))
 
 
 RULES = [

@@ -42,6 +42,7 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.ir import Graph, Node, Value
+from compiler.kernels.choice import Impl, choose
 from compiler.ops import Family
 from compiler.ops.reduction import reduced_shape
 
@@ -74,7 +75,7 @@ class Kernel:
 
     Row kernels (`kind == "row"`) also have `domain` (the reductions' input
     shape), `axes` (the reduced dims) and `levels` (reduction nodes, one list
-    per pass over a row, in order).
+    per pass over a row, in order). Contraction kernels have `impl`.
     """
 
     root: Value
@@ -83,6 +84,9 @@ class Kernel:
     axes: tuple = ()
     levels: list[list[Node]] = field(default_factory=list)
     row_cached: list[Value] = field(default_factory=list)
+    # a contraction kernel's implementation and why (compiler/kernels/choice.py), chosen
+    # once by `plan`; codegen, packing and benchmarks read it, never re-decide it
+    impl: Impl | None = None
 
     @property
     def kind(self) -> str:
@@ -114,19 +118,36 @@ class FusionPlan:
     notes: dict[Value, str]  # inlined value shared by kernels -> why it is recomputed
 
     def explain(self) -> str:
-        """One line per kernel and per decision (what `braze explain` prints)."""
+        """One line per kernel (its ops, and a contraction's implementation and why), then
+        one per decision: what `braze explain --kernels` prints for each cluster."""
         lines = []
         for i, k in enumerate(self.kernels):
             ops = " ".join(n.op for n in k.nodes)
             kept = "".join(f"; %{v.name} kept per row" for v in k.row_cached)
-            lines.append(f"kernel {i} ({k.kind}) -> %{k.root.name}: {ops}{kept}")
+            impl = f" [{k.impl.label}: {k.impl.reason}]" if k.impl is not None else ""
+            lines.append(f"kernel {i} ({k.kind}) -> %{k.root.name}: {ops}{kept}{impl}")
         lines += [f"%{v.name} materialized: {r}" for v, r in self.reasons.items()]
         lines += [f"%{v.name} recomputed: {r}" for v, r in self.notes.items()]
         return "\n".join(lines)
 
 
-def plan(graph: Graph) -> FusionPlan:
-    """Decide the materialized values of a compiled cluster and its kernels, in order."""
+def describe_kernels(graph: Graph, clusters: list, target: str = "cpu") -> str:
+    """Each compiled cluster's fusion plan: every kernel, its ops, a contraction's
+    implementation and why, then the plan's decisions (`braze explain --kernels`)."""
+    from compiler.passes.cluster import outline
+
+    lines = []
+    for c in clusters:
+        if c.compiled:
+            lines.append(f"cluster {c.id} kernels:")
+            lines += ["  " + line
+                      for line in plan(outline(graph, c), target).explain().splitlines()]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def plan(graph: Graph, target="cpu") -> FusionPlan:
+    """Decide the materialized values of a compiled cluster and its kernels, in order, and
+    each contraction kernel's implementation on `target` (choice.choose)."""
     reasons: dict[Value, str] = {}
     for v in graph.outputs:
         if v.producer is not None and v.producer.op != "const":
@@ -155,6 +176,9 @@ def plan(graph: Graph) -> FusionPlan:
         if not (_materialize_shared(kernels, reasons, notes, order) or
                 _materialize_repeated(kernels, reasons) or
                 _materialize_row_refusals(kernels, reasons)):
+            for k in kernels:
+                if k.contraction is not None:
+                    k.impl = choose(k.contraction, target)
             return FusionPlan(kernels, set(reasons), reasons, notes)
 
 

@@ -151,7 +151,7 @@ def check_cast_chain(node: Node, ctx: Context):
 
 
 def _rebase(graph: Graph, node: Node, x: Value) -> None:
-    node.inputs[0] = x
+    graph.set_input(node, 0, x)
 
 
 # -- movement -------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def rewrite_compose(graph: Graph, node: Node, inner: Node) -> None:
                                       zip(a["starts"], b["starts"], a["steps"])),
                       "steps": tuple(s * t for s, t in zip(a["steps"], b["steps"])),
                       "sizes": b["sizes"]}
-    node.inputs[0] = inner.inputs[0]  # reshape and broadcast keep their outer shape
+    graph.set_input(node, 0, inner.inputs[0])  # reshape and broadcast keep their outer shape
 
 
 def check_transpose_as_reshape(node: Node, ctx: Context):

@@ -31,16 +31,14 @@ MAX_REWRITES_PER_NODE = 8
 
 
 class Context:
-    """What checks ask about the graph: readers of a value, graph outputs (kept fresh)."""
+    """What checks ask about the graph: readers of a value (the graph's own readers map,
+    kept current by its edits), graph outputs."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self._users: dict[Value, list[Node]] | None = None
 
     def readers(self, v: Value) -> list[Node]:
-        if self._users is None:
-            self._users = self.graph.users()
-        return self._users.get(v, [])
+        return self.graph.users().get(v, [])
 
     def is_output(self, v: Value) -> bool:
         return any(o is v for o in self.graph.outputs)
@@ -52,9 +50,6 @@ class Context:
         if len(self.readers(v)) != 1:
             return f"%{v.name} has {len(self.readers(v))} readers, so it must stay as it is"
         return None
-
-    def changed(self) -> None:
-        self._users = None
 
 
 @dataclass(frozen=True)
@@ -69,8 +64,7 @@ class Rule:
 
 def const_value(v: Value) -> np.ndarray | None:
     """The array of a value produced by a `const` node, else None."""
-    p = v.producer
-    return p.attrs["value"] if p is not None and p.op == "const" else None
+    return v.const_value
 
 
 def new_const(graph: Graph, before: Node, array: np.ndarray, hint: str) -> Value:
@@ -128,11 +122,9 @@ def _rewrite_once(graph: Graph, ctx: Context, rules: list[Rule], node: Node, gon
 def _apply(graph: Graph, ctx: Context, rule: Rule, node: Node, match, gone: set) -> None:
     log.debug("rule %s rewrites %s", rule.name, node)
     new = rule.rewrite(graph, node, match)
-    ctx.changed()
     if new is None:
         return
     old = node.outputs[0]
     graph.replace_all_uses(old, new)
-    graph.nodes.remove(node)
+    graph.remove_node(node)
     gone.add(node)
-    ctx.changed()

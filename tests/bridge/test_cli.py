@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -161,3 +162,16 @@ def test_bench_refuses_bad_threads(tmp_path, capsys):
     onnx.save(_bn_model(), src)
     assert main(["bench", str(src), "--threads", "0"]) == 1
     assert "threads" in capsys.readouterr().err
+
+
+def test_explain_kernels_prints_each_kernel_its_implementation_and_why(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_bn_model(), src)
+    assert main(["explain", str(src)]) == 0
+    plain = capsys.readouterr().out
+    assert "kernel 0" not in plain
+    assert main(["explain", "--kernels", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(plain)
+    assert "kernels:" in out and re.search(r"kernel \d+ \(contraction\) -> %\S+: conv", out)
+    assert "[direct_conv: not Winograd: " in out  # 3 input channels: no Winograd

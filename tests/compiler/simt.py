@@ -25,8 +25,9 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.codegen import llvm_cpu
-from compiler.codegen.compiled import ALIGN
 from compiler.codegen.cuda import CudaProgram
+from compiler.codegen.memory import ALIGN
+from runtime.cpu import JitModule
 
 MAX_BLOCKS = 2  # fewer blocks than the launch asks for: exercises grid-stride loops
 WARP = 32
@@ -68,7 +69,7 @@ class Emulator:
         for name, cb in self._callbacks.items():
             llvm.add_symbol(name, ctypes.cast(cb, ctypes.c_void_p).value)
         module = llvm_cpu.optimize(_host_ir(program.llvm_ir))
-        self._jit = llvm_cpu.JitModule(module)
+        self._jit = JitModule(module)
         self._fns = {}
         for launch in program.launches:
             proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(launch.args))

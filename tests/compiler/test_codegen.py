@@ -1,4 +1,4 @@
-"""CompiledGraph as a runtime object: supports(), calling conventions, threads, memory
+"""CpuStep (runtime/cpu.py) running compile_graph's CpuProgram: supports(), calling conventions, threads, memory
 plan, vectorized code, and per-call overhead (printed, not asserted)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from compiler.codegen import compile_graph, cpu, llvm_cpu, supports
-from compiler.codegen.compiled import CompiledGraph
 from compiler.errors import CompileError, InputError
 from compiler.interp import evaluate
 from compiler.ir import Graph, TensorType
 from compiler.text import parse_graph
+from runtime.cpu import CpuStep
 
 
 def _add_graph(shape, dtype="f32") -> Graph:
@@ -60,7 +60,7 @@ def test_supports_gives_reasons():
 
 def test_outputs_are_fresh_arrays():
     g = _add_graph((4, 4))
-    cg = compile_graph(g)
+    cg = CpuStep(compile_graph(g))
     a = np.ones((4, 4), np.float32)
     first = cg.run([a, a])[0]
     second = cg.run([a, a])[0]
@@ -77,24 +77,24 @@ graph passthrough(%x: f32[3]) -> (%x, %y, %y, %c) {
 }
 """)
     x = np.zeros(3, np.float32)
-    out = compile_graph(g).run([x])
+    out = CpuStep(compile_graph(g)).run([x])
     assert len(out) == 4 and not np.shares_memory(out[0], x)
     assert not np.shares_memory(out[1], out[2])
     np.testing.assert_array_equal(out[3], [1, 2, 3])
 
 
 def test_bad_calls_raise_input_error():
-    cg = compile_graph(_add_graph((2, 3)))
+    cg = CpuStep(compile_graph(_add_graph((2, 3))))
     with pytest.raises(InputError, match="takes 2 inputs"):
         cg.run([np.ones((2, 3))])
     with pytest.raises(InputError, match="shape"):
         cg.run([np.ones((3, 2)), np.ones((3, 2))])
     with pytest.raises(CompileError, match="threads"):
-        compile_graph(_add_graph((2,)), threads=0)
+        CpuStep(compile_graph(_add_graph((2,))), threads=0)
 
 
 def test_non_contiguous_and_other_dtype_inputs_are_converted():
-    cg = compile_graph(_add_graph((3, 4)))
+    cg = CpuStep(compile_graph(_add_graph((3, 4))))
     a = np.arange(12, dtype=np.float64).reshape(4, 3).T  # transposed view, float64
     np.testing.assert_array_equal(cg.run([a, a])[0], (2 * a).astype(np.float32))
 
@@ -103,7 +103,7 @@ def test_scalar_and_empty_shapes():
     for shape in [(), (0,), (3, 0, 2)]:
         g = _add_graph(shape)
         a = np.ones(shape, np.float32)
-        np.testing.assert_array_equal(compile_graph(g).run([a, a])[0], a + a)
+        np.testing.assert_array_equal(CpuStep(compile_graph(g)).run([a, a])[0], a + a)
 
 
 # -- memory plan ---------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_arena_reuses_dead_buffers():
         e = g.op("exp", v)
         v = g.op("add", g.op("transpose", e, perm=(1, 0)), g.op("mul", e, e))
     g.outputs = [v]
-    cg = compile_graph(g)
+    cg = CpuStep(compile_graph(g))
     inter = [k.root for k in cg.kernels if k.root not in g.outputs]
     assert len(inter) >= 6
     one = 64 * 64 * 4
@@ -130,7 +130,7 @@ def test_arena_reuses_dead_buffers():
 def test_threaded_kernels_match_single_threaded():
     g = _softmax_graph(257, 300)
     a = np.random.default_rng(1).standard_normal((257, 300)).astype(np.float32)
-    cg = compile_graph(g, threads=1)
+    cg = CpuStep(compile_graph(g), threads=1)
     one = cg.run([a])[0]
     for n in (2, 3, 8):
         cg.set_threads(n)
@@ -140,7 +140,7 @@ def test_threaded_kernels_match_single_threaded():
 
 def test_concurrent_python_threads():
     g = _softmax_graph(64, 1000)
-    cg = compile_graph(g, threads=2)
+    cg = CpuStep(compile_graph(g), threads=2)
     rng = np.random.default_rng(2)
     inputs = [rng.standard_normal((64, 1000)).astype(np.float32) for _ in range(4)]
     want = [cg.run([a])[0] for a in inputs]
@@ -162,7 +162,7 @@ def test_concurrent_python_threads():
 # -- code quality --------------------------------------------------------------------
 
 def test_inner_loops_are_vectorized():
-    cg = compile_graph(_softmax_graph(8, 512))
+    cg = CpuStep(compile_graph(_softmax_graph(8, 512)))
     optimized = str(llvm_cpu.optimize(cg.llvm_ir))
     assert "x float>" in optimized  # the loop vectorizer widened the row passes
     assert "@llvm.exp" not in optimized  # exp is inlined polynomial code, no libm call
@@ -180,8 +180,8 @@ def test_object_code_round_trips_through_a_cache():
             store[key] = payload
 
     g = _add_graph((5,))
-    first = CompiledGraph(g, cache=Cache())
-    second = CompiledGraph(g, cache=Cache())
+    first = CpuStep(compile_graph(g, cache=Cache()))
+    second = CpuStep(compile_graph(g, cache=Cache()))
     assert len(store) == 1 and first.object_code == second.object_code
     a = np.arange(5, dtype=np.float32)
     np.testing.assert_array_equal(second.run([a, a])[0], 2 * a)
@@ -202,14 +202,14 @@ def _per_call(fn, n: int) -> float:
 
 
 def test_per_call_overhead_and_thread_launch(monkeypatch):
-    cg = compile_graph(_add_graph((1, 1)))
+    cg = CpuStep(compile_graph(_add_graph((1, 1))))
     a = np.ones((1, 1), np.float32)
     call = _per_call(lambda: cg.run([a, a]), 5000)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", 1)  # force a threaded tiny kernel
     g = Graph("t")
     x = g.add_input("x", TensorType("f32", (2, 2)))
     g.outputs = [g.op("transpose", x, perm=(1, 0))]
-    tiny = compile_graph(g, threads=1)
+    tiny = CpuStep(compile_graph(g), threads=1)
     b = np.ones((2, 2), np.float32)
     one = _per_call(lambda: tiny.run([b]), 5000)
     tiny.set_threads(2)
@@ -238,7 +238,7 @@ def test_twin_kernels_are_rendered_once(monkeypatch):
     nest = cpu.Renderer._nest
     monkeypatch.setattr(cpu.Renderer, "_nest",
                         lambda self, m, name, k: rendered.append(name) or nest(self, m, name, k))
-    cg = compile_graph(_twins_graph())
+    cg = CpuStep(compile_graph(_twins_graph()))
     assert len(cg.kernels) == 3 and len(rendered) == 2
     assert cg.llvm_ir.count("define internal void @\"k") == 2
     xs = [np.random.default_rng(i).standard_normal((4, 100)).astype(np.float32) for i in range(3)]
@@ -295,7 +295,7 @@ def test_parallel_parts_compile_in_a_forked_child_and_match(monkeypatch):
     monkeypatch.setattr(llvm_cpu, "compile_ir",
                         lambda text, target=None: pids.append(os.getpid())
                         or compile_ir(text, target))
-    cg = CompiledGraph(g)
+    cg = CpuStep(compile_graph(g))
     assert len(llvm_cpu.split_objects(cg.object_code)) == 2
     assert pids == [parent]  # part 0 here; the child's call is not seen in this process
     for got, want in zip(cg.run(xs), evaluate(g, xs)):
@@ -320,7 +320,7 @@ def test_a_failed_compile_child_leaves_its_part_to_the_parent(monkeypatch):
     monkeypatch.setattr(cpu_mod.SplitRender, "render", child_fails)
     g = _chain_of_distinct_kernels(4)
     xs = [np.ones(v.shape, np.float32) for v in g.inputs]
-    cg = CompiledGraph(g)
+    cg = CpuStep(compile_graph(g))
     for got, want in zip(cg.run(xs), evaluate(g, xs)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -341,7 +341,7 @@ def test_profile_times_each_kernel_and_leaves_run_alone():
     g = _chain_of_distinct_kernels(3)
     xs = [np.random.default_rng(i).standard_normal(v.shape).astype(np.float32)
           for i, v in enumerate(g.inputs)]
-    cg = compile_graph(g)
+    cg = CpuStep(compile_graph(g))
     before = cg.run(xs)
     times = cg.profile(xs, rounds=3)
     assert len(times) == len(cg.kernels) == 3 and all(t >= 0 for t in times)
@@ -349,3 +349,55 @@ def test_profile_times_each_kernel_and_leaves_run_alone():
     for a, b in zip(before, cg.run(xs)):
         np.testing.assert_array_equal(a, b)
     assert "run_profiled" not in cg.llvm_ir and "readcyclecounter" not in cg.llvm_ir
+
+
+def test_cache_key_follows_the_graph_text():
+    from compiler import target as targets
+    from compiler.codegen.compiled import cache_key
+
+    host = targets.host()
+    assert cache_key(_add_graph((5,)), host) == cache_key(_add_graph((5,)), host)
+    assert cache_key(_add_graph((5,)), host) != cache_key(_add_graph((6,)), host)
+
+
+def test_the_lock_taken_around_fork_is_the_one_llvmlite_calls_take():
+    """llvm_cpu.llvmlite_lock() (llvmlite's private lock, the one use of its private API)
+    is what every llvmlite call takes: seen through the public lock callback, and a call
+    from another thread waits while this thread holds it."""
+    import llvmlite.binding as llvm
+
+    lock = llvm_cpu.llvmlite_lock()
+    assert lock is not None
+    seen = []
+    acquired = lambda: seen.append(threading.get_ident())  # noqa: E731
+    released = lambda: None  # noqa: E731
+    llvm.ffi.register_lock_callback(acquired, released)
+    try:
+        llvm.get_process_triple()
+        assert threading.get_ident() in seen
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (llvm.get_process_triple(), done.set()))
+        with lock:
+            worker.start()
+            assert not done.wait(0.3)  # the other thread's llvmlite call waits for us
+        assert done.wait(10)
+        worker.join()
+    finally:
+        llvm.ffi.unregister_lock_callback(acquired, released)
+
+
+def test_without_llvmlites_lock_parts_compile_here_without_forking(monkeypatch):
+    import os
+
+    from compiler.codegen import compiled
+
+    monkeypatch.setattr(compiled, "PARALLEL_MIN_GROUPS", 3)
+    monkeypatch.setenv("BRAZE_COMPILE_JOBS", "2")
+    monkeypatch.setattr(llvm_cpu, "llvmlite_lock", lambda: None)
+    monkeypatch.setattr(os, "fork", lambda: (_ for _ in ()).throw(AssertionError("forked")))
+    g = _chain_of_distinct_kernels(4)
+    xs = [np.ones(v.shape, np.float32) for v in g.inputs]
+    cg = CpuStep(compile_graph(g))
+    assert len(llvm_cpu.split_objects(cg.object_code)) == 2
+    for got, want in zip(cg.run(xs), evaluate(g, xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -20,6 +20,7 @@ from compiler.errors import DivisionByZeroError
 from compiler.interp import evaluate
 from compiler.ir import Graph, TensorType
 from compiler.ops.elementwise import BINARY, UNARY
+from runtime.cpu import CpuStep
 from tests.compiler.test_codegen_math import ulp_error
 
 FLOAT_ULPS = 4
@@ -70,7 +71,7 @@ def _assert_close(got, want, label: str, ulps: int) -> None:
 
 
 def check_graph(g: Graph, inputs: list, ulps: int = FLOAT_ULPS, threads: int = 2) -> None:
-    got = compile_graph(g, threads=threads).run(inputs)
+    got = CpuStep(compile_graph(g), threads=threads).run(inputs)
     want = evaluate(g, inputs)
     for v, a, b in zip(g.outputs, got, want):
         assert_matches(a, b, f"%{v.name} = {v.producer.op if v.producer else 'input'}", ulps)
@@ -127,7 +128,7 @@ def test_integer_division_edges():
     xs = np.array([7, -7, 7, -7, lo, lo, 5, -5], np.int32)
     ys = np.array([2, 2, -2, -2, -1, -1, 3, -3], np.int32)
     check_graph(g, [xs, ys])
-    got = compile_graph(g).run([xs, ys])
+    got = CpuStep(compile_graph(g)).run([xs, ys])
     np.testing.assert_array_equal(got[0][:4], [3, -3, -3, 3])  # truncates toward zero
     np.testing.assert_array_equal(got[1][:4], [1, 1, -1, -1])  # sign of the divisor
     # a divisor of 0 raises, as onnxruntime and torch do (compiler/codegen/faults.py)
@@ -166,7 +167,7 @@ def test_reductions(dtype, axes):
     a = data(dtype, shape, rng, special=False)
     if dtype in dtypes.FLOATS:
         a[0, 1, 3] = np.nan
-        got = compile_graph(g).run([a])
+        got = CpuStep(compile_graph(g)).run([a])
         for v, o, w in zip(g.outputs, got, evaluate(g, [a])):
             # sums reassociate (vector partial sums): compare against the summed magnitudes
             scale = np.sum(np.abs(np.nan_to_num(a)), axis=axes, keepdims=v.producer.attrs[
@@ -288,7 +289,7 @@ def test_matmul(dtype, a_shape, b_shape):
                       g.const(np.ones((), dtypes.to_numpy(dtype))))]
     x, y = data(dtype, a_shape, rng, special=False), data(dtype, b_shape, rng, special=False)
     if dtype in dtypes.FLOATS:
-        got, want = compile_graph(g).run([x, y])[0], evaluate(g, [x, y])[0]
+        got, want = CpuStep(compile_graph(g)).run([x, y])[0], evaluate(g, [x, y])[0]
         np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "f32" else 1e-12, atol=1e-3)
     else:
         check_graph(g, [x, y])

@@ -13,6 +13,7 @@ from compiler.codegen.compiled import PACKED
 from compiler.kernels import gemm
 from compiler.target import host
 from compiler.text import parse_graph
+from runtime.cpu import CpuStep
 
 AVX512 = gemm.Tile(vec=16, nv=2, mr=12)  # the tile the measured choices below were made on
 
@@ -60,7 +61,7 @@ def test_conv_numbers_match_torch(x_shape, cout, k, strides, pads, dil, has_bias
     w = rng.standard_normal((cout, x_shape[3], k, k)).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32) if has_bias else None
     x = rng.standard_normal(x_shape).astype(np.float32)
-    y, = compile_graph(_conv_graph(x_shape, w, bias, strides, pads, dil)).run([x])
+    y, = CpuStep(compile_graph(_conv_graph(x_shape, w, bias, strides, pads, dil))).run([x])
     want = _torch_conv(x, w, bias, strides, pads, dil)
     scale = np.sqrt(x_shape[3] * k * k) * 4.0  # |x|, |w| of a few units: sums of K products
     np.testing.assert_allclose(y, want, rtol=0, atol=2e-7 * scale * np.abs(want).max() + 1e-6)
@@ -70,7 +71,7 @@ def test_conv_is_one_kernel_on_packed_constants():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
     b = rng.standard_normal(8).astype(np.float32)
-    cg = compile_graph(_conv_graph((1, 5, 5, 4), w, b, (1, 1), (1, 1, 1, 1), (1, 1)))
+    cg = CpuStep(compile_graph(_conv_graph((1, 5, 5, 4), w, b, (1, 1), (1, 1, 1, 1), (1, 1))))
     assert [k.kind for k in cg.kernels] == ["contraction"]
     assert sum(isinstance(s, tuple) and s[0] == PACKED for s in cg.slots) == 2  # w and b
     assert "braze.conv.zeros" in cg.llvm_ir
@@ -114,7 +115,7 @@ graph p(%x: f32[2,9,8,20]) -> (%y) {{
 }}
 """)
     assert supports(next(n for n in g.nodes if n.op == op)) is None
-    y, = compile_graph(g).run([x])
+    y, = CpuStep(compile_graph(g)).run([x])
     xt = torch.from_numpy(x).permute(0, 3, 1, 2).double()
     fill = -np.inf if op == "max_pool" else 0.0
     xp = torch.nn.functional.pad(xt, (pads[1], pads[3], pads[0], pads[2]), value=fill)
@@ -159,7 +160,7 @@ def test_bias_residual_and_relu_run_in_the_conv_kernel():
     rng = np.random.default_rng(3)
     w = rng.standard_normal((40, 6, 3, 3)).astype(np.float32)
     g, y_shape = _residual_block((1, 5, 5, 6), w, (1, 1, 1, 1))
-    cg = compile_graph(g)
+    cg = CpuStep(compile_graph(g))
     assert [k.kind for k in cg.kernels] == ["contraction"]
     assert [n.op for n in cg.kernels[0].nodes] == ["conv", "add", "max"]
     _check_residual_block(cg, rng, (1, 5, 5, 6), y_shape, w, (1, 1, 1, 1))
@@ -171,7 +172,7 @@ def test_register_epilogue_and_row_major_tiles():
     rng = np.random.default_rng(4)
     w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
     g, y_shape = _residual_block((1, 6, 6, 16), w, (0, 0, 0, 0))
-    cg = compile_graph(g)
+    cg = CpuStep(compile_graph(g))
     assert "llvm.maximum.v16f32" in cg.llvm_ir and "llvm.prefetch" in cg.llvm_ir
     assert gemm.row_major(AVX512, 16, 64, 36) and not gemm.row_major(AVX512, 4608, 512, 49)
     # a 1 MB weight: panel-major when A fits in L2 (batch 1), rows when it does not
@@ -203,7 +204,7 @@ def test_winograd_3x3_matches_torch(x_shape, cout, pads, m, rtol, monkeypatch):
     tile = gemm.Tile.of(host())
     assert winograd.refusal(node, tile) is None and winograd.plan(node, tile).m == m
     x = rng.standard_normal(x_shape).astype(np.float32)
-    y, = compile_graph(g).run([x])
+    y, = CpuStep(compile_graph(g)).run([x])
     want = _torch_conv(x, w, bias, (1, 1), pads, (1, 1))
     np.testing.assert_allclose(y, want, rtol=0, atol=rtol * np.abs(want).max())
 
@@ -278,7 +279,7 @@ graph e(%x: f32[1,8,8,16]) -> (%y) {{
   %y = {op}(%t{second}) : f32[1,8,8,32]
 }}
 """, {"w": w})
-        cg = compile_graph(g)
+        cg = CpuStep(compile_graph(g))
         assert [kk.kind for kk in cg.kernels] == ["contraction"]
         y, = cg.run([x])
         want = ref(_torch_conv(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1)))
@@ -295,7 +296,7 @@ def test_pointwise_conv_rows_4k_apart_match_torch(x_shape, strides):
     w = rng.standard_normal((cout, x_shape[3], 1, 1)).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
     g = _conv_graph(x_shape, w, bias, strides, (0, 0, 0, 0), (1, 1))
-    cg = compile_graph(g)
+    cg = CpuStep(compile_graph(g))
     assert f"alloca float, i64 {gemm.Tile.of(host()).mr * (x_shape[3] + gemm.ROW_PAD)}" in cg.llvm_ir
     x = rng.standard_normal(x_shape).astype(np.float32)
     y, = cg.run([x])

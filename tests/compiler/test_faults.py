@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from compiler.codegen import faults
-from compiler.codegen.compiled import CompiledGraph
+from compiler.codegen import compile_graph
 from compiler.errors import BrazeError, BrazeIndexError, DivisionByZeroError
 from compiler.ir import Graph, TensorType
 
@@ -52,13 +52,13 @@ def _divide_model(op: str, **attrs) -> onnx.ModelProto:
 # -- structure ------------------------------------------------------------------------
 
 def test_only_faulting_clusters_get_a_fault_slot():
-    c = CompiledGraph(_gather_graph(), threads=1)
+    c = compile_graph(_gather_graph())
     assert faults.FAULTS in c.slots
     assert "atomicrmw or" in c.llvm_ir
     g = Graph("plain")
     x = g.add_input("x", TensorType("f32", (4,)))
     g.outputs = [g.op("add", x, x)]
-    assert faults.FAULTS not in CompiledGraph(g, threads=1).slots
+    assert faults.FAULTS not in compile_graph(g).slots
 
 
 def test_constant_nonzero_divisor_needs_no_check():

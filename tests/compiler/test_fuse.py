@@ -11,6 +11,7 @@ from compiler.interp import evaluate
 from compiler.ir import verify
 from compiler.passes.fuse import plan
 from compiler.text import parse_graph
+from runtime.cpu import CpuStep
 from tests.compiler.test_codegen_ops import assert_matches
 
 ADD3 = """
@@ -122,7 +123,7 @@ RTOL, ATOL = 2e-5, 2e-6
 
 def _check_numbers(g) -> None:
     inputs = _inputs(g)
-    got = compile_graph(g).run(inputs)
+    got = CpuStep(compile_graph(g)).run(inputs)
     for v, a, b in zip(g.outputs, got, evaluate(g, inputs)):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=v.name)
 
@@ -189,7 +190,7 @@ def test_movement_chain_is_index_arithmetic():
     assert p.reasons == {g.outputs[0]: "cluster output"}
     g_in = _inputs(g)
     g_in[2] = np.array([0, -1, 3, 6, 2])
-    got = compile_graph(g).run(g_in)
+    got = CpuStep(compile_graph(g)).run(g_in)
     assert_matches(got[0], evaluate(g, g_in)[0], "z")
 
 

@@ -11,6 +11,7 @@ from compiler.codegen.compiled import PACKED
 from compiler.kernels import gemm
 from compiler.target import host
 from compiler.text import parse_graph
+from runtime.cpu import CpuStep
 
 TILE = gemm.Tile.of(host())  # the register tile compile_graph uses on this machine
 
@@ -41,7 +42,7 @@ def test_pack_b_panels_are_contiguous_and_zero_padded():
 
 def test_constant_weight_takes_the_packed_gemm_and_only_the_packed_copy_is_kept():
     w = np.ones((8, 16), np.float32)
-    cg = compile_graph(_matmul((4, 8), (8, 16), w))
+    cg = CpuStep(compile_graph(_matmul((4, 8), (8, 16), w)))
     assert [k.kind for k in cg.kernels] == ["contraction"]
     assert any(isinstance(s, tuple) and s[0] == PACKED for s in cg.slots)
     assert not any(getattr(s, "name", None) == "w" for s in cg.slots)  # no unpacked copy
@@ -69,7 +70,7 @@ def test_numbers_match_numpy(a_shape, n):
     k = a_shape[-1]
     w = rng.standard_normal((k, n)).astype(np.float32)
     a = rng.standard_normal(a_shape).astype(np.float32)
-    y, = compile_graph(_matmul(a_shape, (k, n), w)).run([a])
+    y, = CpuStep(compile_graph(_matmul(a_shape, (k, n), w))).run([a])
     want = a.astype(np.float64) @ w
     # float32 products summed over k: error grows like sqrt(k) ulps of the row's scale
     scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
@@ -80,7 +81,7 @@ def test_two_threads_match_one():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((96, 200)).astype(np.float32)
     a = rng.standard_normal((70, 96)).astype(np.float32)
-    cg = compile_graph(_matmul((70, 96), (96, 200), w), threads=1)
+    cg = CpuStep(compile_graph(_matmul((70, 96), (96, 200), w)), threads=1)
     one, = cg.run([a])
     cg.set_threads(2)
     two, = cg.run([a])

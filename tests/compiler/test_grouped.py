@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from compiler.codegen import channels_last_refusal, compile_graph, supports
+from runtime.cpu import CpuStep
 from compiler.kernels import grouped
 from compiler.passes.layout import channels_last
 from compiler.text import parse_graph
@@ -47,7 +48,7 @@ def _run_2d(x_shape, cout, k, strides, pads, dil, group, bias=True, target="cpu"
     x = RNG.standard_normal(x_shape).astype(np.float32)
     g = parse_graph(_conv_text(x_shape, wt.shape, strides, pads, dil, group,
                                (n, oh, ow, cout), bias), {"w": wt, "b": b})
-    y, = compile_graph(g, target=target).run([x])
+    y, = CpuStep(compile_graph(g, target=target)).run([x])
     xt = torch.nn.functional.pad(torch.from_numpy(x).permute(0, 3, 1, 2).double(),
                                  (pads[1], pads[3], pads[0], pads[2]))
     want = torch.nn.functional.conv2d(xt, torch.from_numpy(wt).double(),
@@ -153,7 +154,7 @@ graph c(%x: f32[2,{cin},{length}]) -> (%y) {{
     conv = next(n for n in g.nodes if n.op == "conv")
     assert conv.attrs["layout"] == "NHWC" and conv.inputs[0].shape == (2, length, cin)
     x = RNG.standard_normal((2, cin, length)).astype(np.float32)
-    y, = compile_graph(g).run([x])
+    y, = CpuStep(compile_graph(g)).run([x])
     xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (2, 1))
     want = torch.nn.functional.conv1d(xt, torch.from_numpy(wt).double(),
                                       torch.from_numpy(b).double(), stride=2, groups=groups)
@@ -320,7 +321,7 @@ graph p(%x: f32[2,9,7,40]) -> (%mean, %peak, %soft) {
 def test_global_pool_over_channels_last_runs_by_columns():
     from compiler.codegen.cpu import by_columns
 
-    cg = compile_graph(parse_graph(POOLS))
+    cg = CpuStep(compile_graph(parse_graph(POOLS)))
     columns = {k.root.name: by_columns(k) for k in cg.kernels if k.kind == "row"}
     assert columns == {"mean": True, "peak": True, "soft": False}  # the last dim reduced
     x = RNG.standard_normal((2, 9, 7, 40)).astype(np.float32)

@@ -15,6 +15,7 @@ from compiler.codegen.compiled import cache_key
 from compiler.errors import CompileError, TargetError
 from compiler.kernels import gemm
 from compiler.text import parse_graph
+from runtime.cpu import CpuStep
 
 AVX2, SSE42, NEON = "cpu:znver3", "cpu:x86-64-v2", "cpu:neoverse-n1"
 X86_TARGETS = ["cpu", AVX2, SSE42]  # all run on this machine (x86-64 with AVX-512)
@@ -170,10 +171,10 @@ def test_other_x86_targets_run_here_and_match(spec, kernel):
     """AVX2 and SSE4.2 code runs on this machine and matches the host build and torch."""
     graph = KERNELS[kernel]()
     x = np.random.default_rng(3).standard_normal(graph.inputs[0].shape).astype(np.float32)
-    built = compile_graph(graph, target=spec)
+    built = CpuStep(compile_graph(graph, target=spec))
     assert built.tile == gemm.Tile.of(targets.parse(spec)) and not built.missing
     got, = built.run([x])
-    host, = compile_graph(graph).run([x])
+    host, = CpuStep(compile_graph(graph)).run([x])
     want = _torch_reference(kernel, graph, x)
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * scale)
@@ -191,8 +192,8 @@ def test_math_library_vectorizes_for_the_target_and_matches(spec):
     if spec == SSE42:
         assert "%ymm" not in text and "vfmadd" not in text
     x = np.random.default_rng(4).standard_normal((64, 100)).astype(np.float32) * 3
-    got = compile_graph(graph, target=spec).run([x])
-    host = compile_graph(graph).run([x])
+    got = CpuStep(compile_graph(graph, target=spec)).run([x])
+    host = CpuStep(compile_graph(graph)).run([x])
     for a, b in zip(got, host):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     xt = torch.from_numpy(x).double()
@@ -209,7 +210,7 @@ def test_aarch64_object_code_and_neon_fmla_in_the_gemm_loop():
     loops = inner_loops_with_most_multiplies(text)
     assert any("fmla" in line and ".4s" in line for line in loops)
     with pytest.raises(CompileError, match="aarch64"):
-        cg.run([np.zeros((64, 256), np.float32)])
+        CpuStep(cg).run([np.zeros((64, 256), np.float32)])
 
 
 def inner_loops_with_most_multiplies(text: str) -> list[str]:

@@ -1,0 +1,92 @@
+"""Which kernel runs a contraction: decided once per fusion-plan kernel, read everywhere.
+
+`choose(node, target)` returns an `Impl`: the implementation's name, its parameters
+(Winograd's m, the target's register tile) and the sentence saying why it was picked. fuse.plan stores it
+as `Kernel.impl`; cpu.py (rendering, trip counts, code-size estimate), compiled.py
+(packed operands) and benchmarks/layers.py read that field, never the refusal
+functions below. To add a kernel family, add its name and its rule here.
+
+CPU rules, in order: a matmul with a constant 2-d float32 right operand runs on the
+packed GEMM (gemm.refusal), any other matmul on the row kernel; a conv with group > 1
+(depthwise included) runs on the grouped direct kernel (grouped.refusal), any other on
+Winograd F(m x m, 3 x 3) where winograd.refusal accepts it (m from
+winograd.tile_size), else on the direct implicit GEMM (conv.py). CUDA: a matmul runs
+on the shared-memory tile kernel (codegen/cuda.py); other contractions are not
+compiled there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from compiler import target as targets
+from compiler.ir import Node
+from compiler.kernels import conv, gemm, grouped, winograd
+
+GEMM = "gemm"  # packed register-blocked GEMM (gemm.py)
+ROW_MATMUL = "row_matmul"  # one output row per work item, vectorized over columns (cpu.py)
+GROUPED = "grouped"  # direct channels-last conv with group > 1, depthwise too (grouped.py)
+WINOGRAD = "winograd"  # Winograd F(m x m, 3 x 3) (winograd.py)
+DIRECT_CONV = "direct_conv"  # direct implicit GEMM on channels-last input (conv.py)
+TILED_MATMUL = "tiled_matmul"  # CUDA: TILE x TILE outputs per block (codegen/cuda.py)
+
+
+@dataclass(frozen=True)
+class Impl:
+    """A contraction kernel's implementation: `name` (one of the constants above),
+    `reason` (why this one), `m` (Winograd's F(m x m); None elsewhere) and `tile` (the
+    target's register tile, gemm.Tile, for the CPU kernels; None on cuda)."""
+
+    name: str
+    reason: str
+    m: int | None = None
+    tile: gemm.Tile | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} F({self.m}x{self.m})" if self.name == WINOGRAD else self.name
+
+    @property
+    def packs_operands(self) -> bool:
+        """Whether the kernel reads its constant operands packed at compile time."""
+        return self.name in (GEMM, GROUPED, WINOGRAD, DIRECT_CONV)
+
+
+def choose(node: Node, target=targets.HOST) -> Impl:
+    """The implementation of contraction `node` on `target` ("cuda", or a CPU Target or
+    spec; see the module docstring)."""
+    if targets.kind(target) == "cuda":
+        return Impl(TILED_MATMUL, "CUDA: shared-memory tiles, one output per thread")
+    tile = gemm.Tile.of(targets.parse(target))
+    if node.op == "matmul":
+        reason = gemm.refusal(node)
+        if reason is None:
+            return Impl(GEMM, "float32 with a constant 2-d right operand, packed at compile "
+                        "time", tile=tile)
+        return Impl(ROW_MATMUL, f"not the packed GEMM: {reason}", tile=tile)
+    if node.op == "conv" and grouped.refusal(node) is None:
+        return Impl(GROUPED, "group > 1: direct channels-last kernel vectorized over output "
+                    "channels", tile=tile)
+    if node.op == "conv":
+        reason = winograd.refusal(node, tile)
+        if reason is None:
+            m = winograd.plan(node, tile).m
+            return Impl(WINOGRAD, f"3x3 stride-1 conv; F({m}x{m}) by its transformed "
+                        "weight's size and tile count (winograd.tile_size)", m=m, tile=tile)
+        return Impl(DIRECT_CONV, f"not Winograd: {reason}", tile=tile)
+    raise AssertionError(f"no kernel choice for contraction {node.op}")
+
+
+def shape(node: Node, impl: Impl):
+    """The kernel shape `impl` works on: gemm.GemmShape, grouped.GroupedShape,
+    winograd.WinogradShape (its tile size set) or conv.ConvShape; None for the row matmul."""
+    if impl.name == GEMM:
+        return gemm.GemmShape.of(node, impl.tile)
+    if impl.name == GROUPED:
+        return grouped.plan(node, impl.tile.vec)
+    if impl.name == WINOGRAD:
+        return dataclasses.replace(winograd.WinogradShape.of(node, impl.tile), m=impl.m)
+    if impl.name == DIRECT_CONV:
+        return conv.ConvShape.of(node, impl.tile)
+    return None
