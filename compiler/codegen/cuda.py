@@ -118,7 +118,7 @@ def compile_cuda(graph: Graph, arch: str = nvptx.DEFAULT_ARCH, ptx: str | None =
                  cache=None) -> CudaProgram:
     """Render the cluster's fusion plan for NVPTX and compile it to PTX for `arch`."""
     nvptx.check_arch(arch)
-    kplan = plan(graph)
+    kplan = plan(graph, fold_operands=False)  # the tiled matmul reads operand buffers
     outputs = list(dict.fromkeys(v for v in graph.outputs if v in kplan.materialized))
     consts = [n.outputs[0] for n in graph.nodes
               if n.op == "const" and n.attrs["value"].size != 1]

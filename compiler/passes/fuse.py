@@ -42,6 +42,7 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.ir import Graph, Node, Value
+from compiler.kernels import batched
 from compiler.ops import Family
 from compiler.ops.reduction import reduced_shape
 
@@ -125,8 +126,10 @@ class FusionPlan:
         return "\n".join(lines)
 
 
-def plan(graph: Graph) -> FusionPlan:
-    """Decide the materialized values of a compiled cluster and its kernels, in order."""
+def plan(graph: Graph, fold_operands: bool = True) -> FusionPlan:
+    """Decide the materialized values of a compiled cluster and its kernels, in order.
+    `fold_operands`: a run-time matmul operand made by a movement op is read through it
+    by the CPU's batched GEMM (kernels/batched.py) instead of getting a buffer."""
     reasons: dict[Value, str] = {}
     for v in graph.outputs:
         if v.producer is not None and v.producer.op != "const":
@@ -135,7 +138,8 @@ def plan(graph: Graph) -> FusionPlan:
     claimed: set[Node] = set()  # epilogue nodes, each applied by one contraction's kernel
     for at, n in enumerate(graph.nodes):
         if n.opdef.family is Family.CONTRACTION:
-            chain = _epilogue(n, at, users, graph, claimed)
+            # attention's kernel (kernels/attention.py) writes its result and nothing more
+            chain = [] if n.op == "attention" else _epilogue(n, at, users, graph, claimed)
             claimed.update(chain)
             if chain:
                 ops = " ".join(e.op for e in chain)
@@ -146,6 +150,8 @@ def plan(graph: Graph) -> FusionPlan:
             else:
                 reasons.setdefault(n.outputs[0], f"{n.op} result: written by its own kernel")
             for u in n.inputs:
+                if fold_operands and _folds(n, u):
+                    continue  # read through its movement ops while it is packed
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
     order = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
@@ -156,6 +162,15 @@ def plan(graph: Graph) -> FusionPlan:
                 _materialize_repeated(kernels, reasons) or
                 _materialize_row_refusals(kernels, reasons)):
             return FusionPlan(kernels, set(reasons), reasons, notes)
+
+
+def _folds(node: Node, u: Value) -> bool:
+    """Whether contraction `node` reads its operand `u` (a movement op's result) through
+    the emitter while packing it, so that `u` needs no buffer: the batched GEMM's B
+    (kernels/batched.py), every operand of attention (kernels/attention.py)."""
+    if node.op == "attention":
+        return u.producer is not None and u.producer.opdef.family is Family.MOVEMENT
+    return node.op == "matmul" and batched.folds_operand(node, u)
 
 
 def _epilogue(node: Node, at: int, users: dict, graph: Graph, claimed: set) -> list[Node]:
