@@ -107,6 +107,8 @@ def refusal_for(q, v, keys: int) -> str | None:
         return f"dtype {q.dtype}: the fused attention kernel is float32 only"
     if not (q.type.static and v.type.static):
         return "symbolic dims"
+    if 0 in q.shape or 0 in v.shape or keys == 0:
+        return "an empty operand (the kernel's loops run at least once)"
     if v.shape[-1] > MAX_DV:
         return f"value depth {v.shape[-1]} > MAX_DV={MAX_DV}"
     nr = batched.WIDEST_NR  # the widest tile's packs bound every target's

@@ -52,6 +52,8 @@ def refusal(node) -> str | None:
         return "the right operand is a constant: the compile-time-packed GEMM takes it"
     if not (a.type.static and w.type.static):
         return "operands with symbolic dims"
+    if 0 in a.shape or 0 in w.shape:
+        return "an empty operand (the micro-kernel's loops run at least once)"
     k, n = a.shape[-1], w.shape[-1]
     floats = k * -(-n // WIDEST_NR) * WIDEST_NR
     if floats * 4 > SCRATCH_MAX_BYTES:

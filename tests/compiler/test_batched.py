@@ -148,3 +148,14 @@ graph mlp(%x: f32[5,48], %w1: f32[40,48], %b1: f32[40], %w2: f32[24,40], %b2: f3
     y, = cg.run([x, w1, b1, w2, b2])
     h = np.maximum(x.astype(np.float64) @ w1.T + b1, 0)
     np.testing.assert_allclose(y, h @ w2.T + b2, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_depth_is_refused_and_gives_zeros():
+    g = parse_graph("""
+graph mm(%a: f32[3,0], %w: f32[0,4]) -> (%y) {
+  %y = matmul(%a, %w) : f32[3,4]
+}
+""")
+    assert "empty operand" in batched.refusal(g.nodes[-1])
+    y, = compile_graph(g).run([np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32)])
+    np.testing.assert_array_equal(y, np.zeros((3, 4), np.float32))
