@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from compiler.ir import Graph, Node, Value
+from compiler.ops import Family
 from compiler.passes.rules import Context, Rule, apply_rules, const_value, new_const
 
 
@@ -191,11 +192,36 @@ def _mask_refusal(m: Match, s: Value) -> str | None:
     return None
 
 
+# Nodes evaluated at most to see whether a mask computed from constants only is the
+# causal one (fold_constants leaves such chains unfolded when they outgrow their inputs:
+# Trilu and Where over an expanded scalar, as exporters write is_causal).
+MASK_EVAL_NODES = 64
+
+
+def _constant_array(v: Value, memo: dict) -> np.ndarray | None:
+    """v's value when it is computed from constants alone (within MASK_EVAL_NODES)."""
+    if v in memo:
+        return memo[v]
+    p = v.producer
+    if p is None or p.opdef.family is Family.HOST or p.opdef.eval_fn is None or len(memo) > MASK_EVAL_NODES:
+        return None
+    if p.op == "const":
+        memo[v] = np.asarray(p.attrs["value"])
+        return memo[v]
+    args = [_constant_array(u, memo) for u in p.inputs]
+    if any(a is None for a in args):
+        return None
+    memo[v] = p.opdef.evaluate(p, args)[p.outputs.index(v)]
+    return memo[v]
+
+
 def is_causal_mask(u: Value, t: int, keys: int) -> bool:
-    """Whether constant `u` is the causal mask of t queries and `keys` keys: 0 where key
-    j <= query i, -inf above (broadcast over any leading dims of size 1)."""
-    a = const_value(u)
-    if a is None or a.shape[-2:] != (t, keys) or a.size != t * keys:
+    """Whether `u`, computed from constants alone, is the causal mask of t queries and
+    `keys` keys: 0 where key j <= query i, -inf above (leading dims of size 1)."""
+    if u.shape[-2:] != (t, keys) or u.type.size != t * keys:
+        return False
+    a = _constant_array(u, {})
+    if a is None:
         return False
     keep = np.tril(np.ones((t, keys), bool))
     a = a.reshape(t, keys)

@@ -182,3 +182,20 @@ def test_constant_causal_mask_becomes_the_causal_flag():
     assert g.nodes[-1].attrs["causal"] and len(g.nodes[-1].inputs) == 3
     got, = compile_graph(g).run(ins)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_causal_mask_computed_from_constants_becomes_the_causal_flag():
+    """A mask the exporter computes from constants (left unfolded when it outgrows them)
+    is evaluated to see that it is the causal one."""
+    t = 6
+    g = _decomposed(1, 2, t, 32, mask=True)
+    m = next(v for v in g.inputs if v.name == "m")
+    keep = g.add_node("const", [], {"value": np.tril(np.ones((t, t), bool))}, index=0).output
+    zero = g.add_node("const", [], {"value": np.array(0.0, np.float32)}, index=0).output
+    ninf = g.add_node("const", [], {"value": np.array(-np.inf, np.float32)}, index=0).output
+    sel = g.add_node("select", [keep, zero, ninf], index=3).output
+    g.replace_all_uses(m, sel)
+    g.inputs.remove(m)
+    assert fuse_attention(g)
+    node = next(n for n in g.nodes if n.op == "attention")
+    assert node.attrs["causal"] and len(node.inputs) == 3
