@@ -244,18 +244,19 @@ def _attention(em, n, ins, outs):
     rank = len(q.shape)
     kt = em.add("Transpose", [ins[1]], perm=list(range(rank - 2)) + [rank - 1, rank - 2])
     s = em.add("MatMul", [ins[0], kt])
-    s = em.add("Mul", [s, em.const(np.array(n.attrs["scale"], np.float32), "scale")])
+    dt = dtypes.to_numpy(q.dtype)
+    s = em.add("Mul", [s, em.const(np.array(n.attrs["scale"], dt), "scale")])
     if len(ins) == 4:
         s = em.add("Add", [s, ins[3]])
     if n.attrs["causal"]:
         t, keys = q.shape[-2], k.shape[-2]
-        causal = np.where(np.tril(np.ones((t, keys), bool)), 0.0, -np.inf).astype(np.float32)
+        causal = np.where(np.tril(np.ones((t, keys), bool)), 0.0, -np.inf).astype(dt)
         s = em.add("Add", [s, em.const(causal, "causal")])
     p = em.add("Softmax", [s], axis=-1)
     if not n.attrs["empty_rows_zero"]:
         return em.add("MatMul", [p, ins[2]], outs)
     y = em.add("MatMul", [p, ins[2]])  # an empty row's softmax is NaN: zeros instead
-    em.add("Where", [em.add("IsNaN", [y]), em.const(np.array(0.0, np.float32), "zero"), y],
+    em.add("Where", [em.add("IsNaN", [y]), em.const(np.array(0.0, dt), "zero"), y],
            outs)
 
 

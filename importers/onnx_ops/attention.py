@@ -76,6 +76,11 @@ def convert_attention(cx: NodeContext):
         raise Fallback(f"q {q.shape}, k {k.shape}, v {v.shape}: heads that do not group")
     k, v = _grouped(cx, k, q.shape[1]), _grouped(cx, v, q.shape[1])
     causal = bool(cx.attr("is_causal", 0))  # no past: top-left aligned (offset 0)
+    from compiler.kernels import attention
+
+    reason = attention.refusal_for(q, v, k.shape[-2])
+    if reason is not None:  # onnxruntime's own Attention then runs it
+        raise Fallback(f"braze's attention kernel refuses it: {reason}")
     scale = cx.attr("scale", None)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     inputs = [q, k, v]
