@@ -27,7 +27,7 @@ import torch.fx
 from compiler.errors import CompileError
 from compiler.ir import Graph, IRError, TensorType, Value
 from importers import fx_elementwise, fx_movement, fx_nn  # noqa: F401  (fill the table)
-from importers.fx_context import CONVERTERS, Ctx, Fallback, tensor_type
+from importers.fx_context import CONVERTERS, SEEDED_CHECKED, Ctx, Fallback, tensor_type
 
 log = logging.getLogger("braze")
 
@@ -215,7 +215,7 @@ class _Importer:
         """Why this node cannot be converted at all (None: try its converter)."""
         if not isinstance(target, torch._ops.OpOverload):
             return f"{op_name(target)} is not an aten op"
-        if torch.Tag.nondeterministic_seeded in target.tags:
+        if torch.Tag.nondeterministic_seeded in target.tags and target not in SEEDED_CHECKED:
             return "random op: it draws from torch's generator, so torch runs it"
         if target not in CONVERTERS:
             return f"no braze converter for {op_name(target)}"

@@ -22,6 +22,9 @@ from compiler.ir import Graph, TensorType, Value
 
 Converter = Callable[..., object]
 CONVERTERS: dict = {}  # torch OpOverload -> Converter; filled by the fx_* converter modules
+# Ops torch tags as drawing random numbers whose converters refuse the random cases
+# themselves (SDPA: only its dropout draws, and its converter refuses dropout_p > 0).
+SEEDED_CHECKED: set = set()
 
 
 class Fallback(Exception):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from compiler import dtypes
-from importers.fx_context import Ctx, Fallback, converts, norm_dim, norm_dims
+from importers.fx_context import SEEDED_CHECKED, Ctx, Fallback, converts, norm_dim, norm_dims
 
 aten = torch.ops.aten
 
@@ -301,3 +301,34 @@ def _momentum(cx: Ctx, running, batch, momentum: float):
     dt = running.dtype
     keep = cx.op("mul", running, cx.scalar(1.0 - momentum, dt))
     return cx.op("add", keep, cx.op("mul", cx.cast(batch, dt), cx.scalar(momentum, dt)))
+
+
+# -- attention --------------------------------------------------------------
+
+@converts(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa(cx: Ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """torch's SDPA (what dynamo's decompositions leave on CPU) -> one attention node; a
+    boolean mask becomes additive (0 where kept, -inf elsewhere). Its logsumexp output
+    is for the backward only: used, the op runs on torch."""
+    from compiler.kernels import attention
+
+    if 1 in cx.used:
+        raise Fallback("its logsumexp output is used (the backward of attention)")
+    if dropout_p:
+        raise Fallback(f"dropout_p={dropout_p}: random")
+    reason = attention.refusal_for(q, v, k.shape[-2])
+    if reason is not None:
+        raise Fallback(f"braze's attention kernel refuses it: {reason}")
+    inputs = [q, k, v]
+    if attn_mask is not None:
+        if attn_mask.dtype == "bool":
+            attn_mask = cx.op("select", attn_mask, cx.scalar(0.0, q.dtype),
+                              cx.scalar(float("-inf"), q.dtype))
+        inputs.append(attn_mask)
+    if scale is None:
+        scale = 1.0 / q.shape[-1] ** 0.5
+    y = cx.op("attention", *inputs, scale=scale, causal=bool(is_causal))
+    return (y, None)
+
+
+SEEDED_CHECKED.add(aten._scaled_dot_product_flash_attention_for_cpu.default)

@@ -237,6 +237,29 @@ def _matmul(em, n, ins, outs):
     em.add("MatMul", ins, outs)
 
 
+def _attention(em, n, ins, outs):
+    """attention as the decomposed pattern (Transpose, MatMul, Mul, Add, Softmax, MatMul);
+    causal as an additive -inf constant above the diagonal."""
+    q, k, v = n.inputs[:3]
+    rank = len(q.shape)
+    kt = em.add("Transpose", [ins[1]], perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+    s = em.add("MatMul", [ins[0], kt])
+    dt = dtypes.to_numpy(q.dtype)
+    s = em.add("Mul", [s, em.const(np.array(n.attrs["scale"], dt), "scale")])
+    if len(ins) == 4:
+        s = em.add("Add", [s, ins[3]])
+    if n.attrs["causal"]:
+        t, keys = q.shape[-2], k.shape[-2]
+        causal = np.where(np.tril(np.ones((t, keys), bool)), 0.0, -np.inf).astype(dt)
+        s = em.add("Add", [s, em.const(causal, "causal")])
+    p = em.add("Softmax", [s], axis=-1)
+    if not n.attrs["empty_rows_zero"]:
+        return em.add("MatMul", [p, ins[2]], outs)
+    y = em.add("MatMul", [p, ins[2]])  # an empty row's softmax is NaN: zeros instead
+    em.add("Where", [em.add("IsNaN", [y]), em.const(np.array(0.0, dt), "zero"), y],
+           outs)
+
+
 def _window_attrs(n) -> dict:
     return {"strides": list(n.attrs["strides"]), "pads": list(n.attrs["pads"]),
             "dilations": list(n.attrs["dilations"])}
@@ -279,7 +302,7 @@ _EXPORTERS = {
     **{op: _reduce for op in _REDUCE}, "argmax": _arg, "argmin": _arg,
     "reshape": _reshape, "transpose": _transpose, "broadcast": _broadcast, "slice": _slice,
     "concat": _concat, "pad": _pad, "gather": _gather,
-    "matmul": _matmul, "conv": _conv, "max_pool": _max_pool, "avg_pool": _avg_pool,
+    "matmul": _matmul, "attention": _attention, "conv": _conv, "max_pool": _max_pool, "avg_pool": _avg_pool,
 }
 
 

@@ -225,10 +225,23 @@ _IR_OPS: dict[str, Callable] = {
     "pad": _pad,
     "gather": _gather,
     "matmul": lambda node, a, b: torch.matmul(a, b),
+    "attention": lambda node, q, k, v, mask=None: _attention(node, q, k, v, mask),
     "conv": _channels_first(_conv),
     "max_pool": _channels_first(_max_pool),
     "avg_pool": _channels_first(_avg_pool),
 }
+
+
+def _attention(node: Node, q, k, v, mask=None):
+    """torch's SDPA; a causal one with a mask gets the diagonal folded into the mask (torch
+    takes one or the other)."""
+    causal = node.attrs["causal"]
+    if causal and mask is not None:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        mask, causal = mask.masked_fill(~keep, float("-inf")), False
+    y = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=node.attrs["scale"])
+    return torch.nan_to_num(y, nan=0.0) if node.attrs["empty_rows_zero"] else y
 
 
 def _reference(node: Node, args: list) -> list:

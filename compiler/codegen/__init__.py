@@ -42,6 +42,12 @@ def supports(node: Node, target: str = "cpu") -> str | None:
             reason = "NCHW: braze compiles it channels-last (the layout pass sets that)"
         if reason is not None:
             return _LIBRARY_CLASS.format(op=node.op) + f": {reason}"
+    if node.op == "attention":
+        from compiler.kernels import attention
+
+        reason = attention.refusal(node)
+        if reason is not None:
+            return _LIBRARY_CLASS.format(op=node.op) + f": {reason}"
     for v in list(node.inputs) + list(node.outputs):
         if v.dtype not in SUPPORTED_DTYPES:
             return f"dtype {v.dtype} of %{v.name} is not compiled by braze"

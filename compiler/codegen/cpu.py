@@ -36,7 +36,7 @@ from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
 from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
 from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
-from compiler.kernels import choice, conv, gemm, grouped, winograd
+from compiler.kernels import attention, batched, choice, conv, gemm, grouped, winograd
 from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
@@ -154,6 +154,10 @@ class Renderer:
                 b, shape, ptrs[a], packed, ptrs[root], o, after, before, regs))
         elif impl in (choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
             self._conv(b, bufs, ptrs, k, lo, hi)
+        elif impl == choice.BATCHED:
+            self._batched(b, ptrs, k, lo, hi)
+        elif impl == choice.ATTENTION:
+            self._attention(b, ptrs, k, lo, hi)
         elif impl == choice.ROW_MATMUL:
             counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row" and by_columns(k):
@@ -350,6 +354,59 @@ class Renderer:
             counted_loop(b, lo, hi, lambda b, o: conv.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, after, before, regs))
 
+    def _batched(self, b, ptrs, k: Kernel, lo, hi) -> None:
+        """A run-time-operand matmul's items (kernels/batched.py): B packed per thread
+        through the emitter (its movement ops are index arithmetic), A's rows in place."""
+        node = k.contraction
+        a, w = node.inputs
+        shape = choice.shape(node, k.impl)
+        out_batch = k.contraction.outputs[0].shape[:-2]
+        pack, last = batched.scratch(b, shape.scratch_floats)
+        bufs = {v: p for v, p in ptrs.items() if v is not k.root}
+
+        def entry_index(b, entry, shape_of):
+            if not shape.batch:  # B's batch dims are all 1 (A's fold into M)
+                return [i64(0)] * len(shape_of)
+            return broadcast_index(delinearize(b, entry, out_batch), shape_of, out_batch)
+
+        def read_b(b, entry, kk, col):
+            return ElementEmitter(b, bufs).at(w, entry_index(b, entry, w.shape[:-2]) + [kk, col])
+
+        def a_row(b, entry, row):
+            if shape.batch:
+                head = linear_index(b, entry_index(b, entry, a.shape[:-2]), a.shape[:-2])
+                row = b.add(b.mul(head, i64(shape.m)), row)
+            return b.gep(ptrs[a], [b.mul(row, i64(shape.k))], source_etype=gemm.F32,
+                         inbounds=True)
+
+        after, before, regs = self._tile_hooks(ptrs, k)
+        counted_loop(b, lo, hi, lambda b, o: batched.emit_item(
+            b, shape, o, pack, last, read_b, a_row, ptrs[k.root], after, before, regs,
+            b_rows_inner=_transposed_last(w)))
+        batched.release(b, pack)
+
+    def _attention(self, b, ptrs, k: Kernel, lo, hi) -> None:
+        """Fused attention's items (kernels/attention.py): q, k, v and the mask read
+        through the emitter (movement ops in front of them are index arithmetic)."""
+        node = k.contraction
+        shape = choice.shape(node, k.impl)
+        bufs = {v: p for v, p in ptrs.items() if v is not k.root}
+        scores = node.outputs[0].shape[:-1] + (shape.s,)
+
+        def reader(v):
+            def read(b, entry, i, j):
+                head = delinearize(b, entry, shape.batch)
+                return ElementEmitter(b, bufs).at(v, broadcast_index(head + [i, j], v.shape,
+                                                                     scores))
+            return read
+
+        names = ["q", "k", "v", "mask"][:len(node.inputs)]
+        reads = {name: reader(v) for name, v in zip(names, node.inputs)}
+        pack, last = attention.scratch(b, shape)
+        counted_loop(b, lo, hi, lambda b, o: attention.emit_item(
+            b, shape, o, pack, last, reads, ptrs[k.root]))
+        batched.release(b, pack)
+
     def _tile_hooks(self, ptrs, k: Kernel) -> tuple:
         """(after, before, transform) for a tile kernel: its epilogue on the registers
         when it can (`_register_epilogue`), else in place after the store; prefetches."""
@@ -392,7 +449,7 @@ class Renderer:
         epilogue)."""
         root, raw = k.root, k.contraction.outputs[0]
         n = root.shape[-1]
-        epi = [node for node in k.nodes if node is not k.contraction]
+        epi = k.nodes[k.nodes.index(k.contraction) + 1:]  # (before it: a folded operand's)
         if not epi or root.dtype != "f32" or n % (multiple or self.tile.nr):
             return None
         inside = {raw} | {node.outputs[0] for node in epi}
@@ -658,7 +715,10 @@ def _extent(k: Kernel) -> tuple[int, bool]:
     if impl == choice.GEMM:
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.m * shape.n * shape.k
-    elif impl in (choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
+    elif impl == choice.BATCHED:
+        shape = choice.shape(node, k.impl)
+        outer, work = shape.items, shape.entries * shape.m * shape.n * shape.k
+    elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.macs
     elif impl == choice.ROW_MATMUL:
@@ -695,6 +755,13 @@ def by_columns(k: Kernel) -> bool:
     if any(r.op in ("argmax", "argmin") for r in k.levels[0]):
         return False
     return k.domain[last] * 8 <= COLUMN_ROW_BYTES
+
+
+def _transposed_last(v: Value) -> bool:
+    """Whether v is a transpose that swaps in its last axis from the one before (K^T):
+    its rows are then contiguous in its source, and packing reads them down the rows."""
+    p = v.producer
+    return p is not None and p.op == "transpose" and p.attrs["perm"][-1] == len(v.shape) - 2
 
 
 def _signature(k: Kernel, local: dict) -> tuple | None:

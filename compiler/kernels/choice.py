@@ -7,7 +7,9 @@ as `Kernel.impl`; cpu.py (rendering, trip counts, code-size estimate), compiled.
 functions below. To add a kernel family, add its name and its rule here.
 
 CPU rules, in order: a matmul with a constant 2-d float32 right operand runs on the
-packed GEMM (gemm.refusal), any other matmul on the row kernel; a conv with group > 1
+packed GEMM (gemm.refusal), a float32 one with run-time operands on the same
+micro-kernel with B packed at run time (batched.refusal), any other on the row kernel;
+attention on its fused kernel; a conv with group > 1
 (depthwise included) runs on the grouped direct kernel (grouped.refusal), any other on
 Winograd F(m x m, 3 x 3) where winograd.refusal accepts it (m from
 winograd.tile_size), else on the direct implicit GEMM (conv.py). CUDA: a matmul runs
@@ -22,9 +24,11 @@ from dataclasses import dataclass
 
 from compiler import target as targets
 from compiler.ir import Node
-from compiler.kernels import conv, gemm, grouped, winograd
+from compiler.kernels import attention, batched, conv, gemm, grouped, winograd
 
 GEMM = "gemm"  # packed register-blocked GEMM (gemm.py)
+BATCHED = "batched_gemm"  # run-time operands, B packed per call and thread (batched.py)
+ATTENTION = "attention"  # fused attention, online softmax over key tiles (attention.py)
 ROW_MATMUL = "row_matmul"  # one output row per work item, vectorized over columns (cpu.py)
 GROUPED = "grouped"  # direct channels-last conv with group > 1, depthwise too (grouped.py)
 WINOGRAD = "winograd"  # Winograd F(m x m, 3 x 3) (winograd.py)
@@ -64,7 +68,15 @@ def choose(node: Node, target=targets.HOST) -> Impl:
         if reason is None:
             return Impl(GEMM, "float32 with a constant 2-d right operand, packed at compile "
                         "time", tile=tile)
-        return Impl(ROW_MATMUL, f"not the packed GEMM: {reason}", tile=tile)
+        why = batched.refusal(node)
+        if why is None:
+            return Impl(BATCHED, f"not the packed GEMM ({reason}): B packed at run time",
+                        tile=tile)
+        return Impl(ROW_MATMUL, f"not the packed GEMM: {reason}; not the run-time-packed "
+                    f"one: {why}", tile=tile)
+    if node.op == "attention":
+        return Impl(ATTENTION, "one kernel per query block: scores on the micro-kernel, "
+                    "online softmax over key tiles", tile=tile)
     if node.op == "conv" and grouped.refusal(node) is None:
         return Impl(GROUPED, "group > 1: direct channels-last kernel vectorized over output "
                     "channels", tile=tile)
@@ -85,6 +97,10 @@ def shape(node: Node, impl: Impl):
         return gemm.GemmShape.of(node, impl.tile)
     if impl.name == GROUPED:
         return grouped.plan(node, impl.tile.vec)
+    if impl.name == BATCHED:
+        return batched.BatchedShape.of(node, impl.tile)
+    if impl.name == ATTENTION:
+        return attention.AttentionShape.of(node, impl.tile)
     if impl.name == WINOGRAD:
         return dataclasses.replace(winograd.WinogradShape.of(node, impl.tile), m=impl.m)
     if impl.name == DIRECT_CONV:

@@ -210,3 +210,54 @@ register(OpDef("max_pool", Family.POOL, (1, 1), _pool_infer, _in_canonical(_max_
 register(OpDef("avg_pool", Family.POOL, (1, 1), _pool_infer, _in_canonical(_avg_pool_eval),
                attrs={"kernel": ("ints", REQUIRED), **_WINDOW_ATTRS,
                       "count_include_pad": ("bool", False)}))
+
+
+# -- attention ------------------------------------------------------------
+# attention(q, k, v[, mask]) = softmax(scale * q @ k^T + mask [causal: -inf above the
+# diagonal, key j > query i]) @ v, over the last two dims; q [..., T, D], k [..., S, D],
+# v [..., S, Dv], mask additive, broadcastable to [..., T, S]; batch dims equal. A row
+# whose keys are all masked is NaN (torch), or 0 with empty_rows_zero (ONNX's rule).
+# passes/attention.py makes it from the decomposed pattern and the importers' ops.
+
+def _attention_infer(node):
+    q, k, v = node.inputs[:3]
+    where = node.describe()
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in dtypes.FLOATS:
+        raise IRError(f"{where}: dtypes {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.type.rank < 2 or not (q.type.rank == k.type.rank == v.type.rank):
+        raise IRError(f"{where}: ranks of {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        raise IRError(f"{where}: q {q.shape}, k {k.shape}, v {v.shape} do not agree")
+    out = TensorType(q.dtype, q.shape[:-1] + (v.shape[-1],))
+    if len(node.inputs) == 4:
+        m = node.inputs[3]
+        scores = q.shape[:-1] + (k.shape[-2],)
+        if m.dtype != q.dtype or broadcast_shapes(m.shape, scores, where=where) != scores:
+            raise IRError(f"{where}: mask {m.type} does not broadcast to {scores}")
+    return [out]
+
+
+def attention_scores(node, q, k, mask=None) -> np.ndarray:
+    """scale * q @ k^T + mask, causal entries -inf, in float64."""
+    s = node.attrs["scale"] * (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2))
+    if mask is not None:
+        s = s + mask.astype(np.float64)
+    if node.attrs["causal"]:
+        t, n = s.shape[-2:]
+        s = np.where(np.tril(np.ones((t, n), bool)), s, -np.inf)
+    return s
+
+
+def _attention_eval(node, q, k, v, mask=None):
+    s = attention_scores(node, q, k, mask)
+    with np.errstate(invalid="ignore"):  # a fully masked row is NaN, as in torch
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = p / p.sum(axis=-1, keepdims=True)
+    if node.attrs["empty_rows_zero"]:
+        p = np.where(np.isneginf(s).all(axis=-1, keepdims=True), 0.0, p)
+    return [(p @ v.astype(np.float64)).astype(q.dtype)]
+
+
+register(OpDef("attention", Family.CONTRACTION, (3, 4), _attention_infer, _attention_eval,
+               attrs={"scale": ("float", REQUIRED), "causal": ("bool", False),
+                      "empty_rows_zero": ("bool", False)}))

@@ -42,6 +42,8 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.ir import Graph, Node, Value
+from compiler import target as targets
+from compiler.kernels import batched
 from compiler.kernels.choice import Impl, choose
 from compiler.ops import Family
 from compiler.ops.reduction import reduced_shape
@@ -145,9 +147,14 @@ def describe_kernels(graph: Graph, clusters: list, target: str = "cpu") -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def plan(graph: Graph, target="cpu") -> FusionPlan:
+def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> FusionPlan:
     """Decide the materialized values of a compiled cluster and its kernels, in order, and
-    each contraction kernel's implementation on `target` (choice.choose)."""
+    each contraction kernel's implementation on `target` (choice.choose).
+    `fold_operands` (default: on CPU targets): a run-time matmul operand made by a
+    movement op is read through it by the CPU's batched GEMM (kernels/batched.py), and
+    attention's operands by its kernel, instead of getting a buffer."""
+    if fold_operands is None:
+        fold_operands = targets.kind(target) != "cuda"
     reasons: dict[Value, str] = {}
     for v in graph.outputs:
         if v.producer is not None and v.producer.op != "const":
@@ -156,7 +163,8 @@ def plan(graph: Graph, target="cpu") -> FusionPlan:
     claimed: set[Node] = set()  # epilogue nodes, each applied by one contraction's kernel
     for at, n in enumerate(graph.nodes):
         if n.opdef.family is Family.CONTRACTION:
-            chain = _epilogue(n, at, users, graph, claimed)
+            # attention's kernel (kernels/attention.py) writes its result and nothing more
+            chain = [] if n.op == "attention" else _epilogue(n, at, users, graph, claimed)
             claimed.update(chain)
             if chain:
                 ops = " ".join(e.op for e in chain)
@@ -167,6 +175,8 @@ def plan(graph: Graph, target="cpu") -> FusionPlan:
             else:
                 reasons.setdefault(n.outputs[0], f"{n.op} result: written by its own kernel")
             for u in n.inputs:
+                if fold_operands and _folds(n, u):
+                    continue  # read through its movement ops while it is packed
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
     order = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
@@ -180,6 +190,15 @@ def plan(graph: Graph, target="cpu") -> FusionPlan:
                 if k.contraction is not None:
                     k.impl = choose(k.contraction, target)
             return FusionPlan(kernels, set(reasons), reasons, notes)
+
+
+def _folds(node: Node, u: Value) -> bool:
+    """Whether contraction `node` reads its operand `u` (a movement op's result) through
+    the emitter while packing it, so that `u` needs no buffer: the batched GEMM's B
+    (kernels/batched.py), every operand of attention (kernels/attention.py)."""
+    if node.op == "attention":
+        return u.producer is not None and u.producer.opdef.family is Family.MOVEMENT
+    return node.op == "matmul" and batched.folds_operand(node, u)
 
 
 def _epilogue(node: Node, at: int, users: dict, graph: Graph, claimed: set) -> list[Node]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from compiler.ir import Graph, IRError, verify
+from compiler.passes.attention import fuse_attention
 from compiler.passes.fold import fold_affine_into_contractions
 from compiler.passes.identities import simplify_identities
 from compiler.passes.simplify import eliminate_common_subexpressions, fold_constants, remove_dead
@@ -55,6 +56,9 @@ DEFAULT: list[Entry] = [
           "x*1, x+0, no-op movement and cast chains vanish before anything matches on them"),
     Entry(eliminate_common_subexpressions,
           "duplicates computed once, so single-reader checks see the true readers"),
+    Entry(fuse_attention,
+          "softmax(scaled, masked Q x K^T) x V becomes one attention node: one kernel, the "
+          "T x T scores never written"),
     Entry(fold_affine_into_contractions,
           "batch norm and scale/bias constants folded into conv/matmul weights"),
     Entry(remove_dead,

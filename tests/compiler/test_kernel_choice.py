@@ -44,12 +44,21 @@ graph m({head}) -> (%y) {{
 """, {"w": w} if const else None)
 
 
+def _int_matmul():
+    return parse_graph("""
+graph m(%a: i32[8,16], %w: i32[16,24]) -> (%y) {
+  %y = matmul(%a, %w) : i32[8,24]
+}
+""")
+
+
 CASES = [
     ("winograd", lambda: _conv(3, 1, 16, 32), "3x3 stride-1"),
     ("direct_conv", lambda: _conv(1, 1, 16, 32), "not Winograd: not a 3x3"),
     ("direct_conv", lambda: _conv(3, 2, 16, 32), "not Winograd"),
     ("gemm", lambda: _matmul(True), "constant 2-d right operand"),
-    ("row_matmul", lambda: _matmul(False), "not the packed GEMM: right operand is not a"),
+    ("batched_gemm", lambda: _matmul(False), "B packed at run time"),
+    ("row_matmul", lambda: _int_matmul(), "not the run-time-packed one: dtype i32"),
 ]
 
 
@@ -83,7 +92,9 @@ def test_no_module_but_the_choice_decides_a_kernel():
     choice.py (and by the kernels themselves); conv.refusal also by codegen's legality
     check (what the layout pass converts), which is not a kernel choice."""
     pattern = re.compile(r"\b(gemm\.refusal|winograd\.refusal|winograd\.plan|tile_size)\(")
-    allowed = {"compiler/kernels/choice.py", "compiler/kernels/winograd.py"}
+    # batched.refusal defers to gemm.refusal (a constant B belongs to the packed GEMM)
+    allowed = {"compiler/kernels/choice.py", "compiler/kernels/winograd.py",
+               "compiler/kernels/batched.py"}
     found = []
     for folder in ("compiler", "benchmarks", "bridge", "runtime"):
         for path in (ROOT / folder).rglob("*.py"):

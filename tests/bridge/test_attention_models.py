@@ -1,0 +1,139 @@
+"""Attention through both front ends: which form each model reaches braze in, that it
+becomes one attention kernel, and its numbers against onnxruntime / torch eager.
+
+Forms: the decomposed MatMul-Mul-Add-Softmax-MatMul of the TorchScript ONNX exporter
+(SDPA and nn.TransformerEncoder), the ONNX Attention op (opset 23), and torch's SDPA
+under torch.compile (aten._scaled_dot_product_flash_attention_for_cpu)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import bridge
+
+
+def _export(module, args, opset=17) -> onnx.ModelProto:
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, f, dynamo=False, opset_version=opset,
+                          input_names=[f"in{i}" for i in range(len(args))])
+    return onnx.load_from_string(f.getvalue())
+
+
+def _ort(model, feeds: dict) -> list:
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+class _Sdpa(torch.nn.Module):
+    def __init__(self, causal: bool, masked: bool):
+        super().__init__()
+        self.causal, self.masked = causal, masked
+
+    def forward(self, q, k, v, m):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=m if self.masked else None, is_causal=self.causal)
+
+
+def _qkvm(t=33, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 4, t, d, generator=g) for _ in range(3)] + [
+        torch.randn(t, t, generator=g)]
+
+
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
+def test_exported_sdpa_is_one_attention_kernel(causal, masked):
+    args = _qkvm()
+    model = _export(_Sdpa(causal, masked), tuple(args))
+    cm = bridge.compile_onnx(model, allow_fallback=False)
+    text = cm.explain()
+    assert "cluster 0 (compiled, 1 nodes" in text and ": attention" in text
+    feeds = {f"in{i}": a.numpy() for i, a in enumerate(args)
+             if f"in{i}" in [x.name for x in model.graph.input]}
+    got, = cm(**feeds)
+    want, = _ort(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def _attention_op(three_d: bool, causal: bool, mask: str | None, t=7, d=32, h=2):
+    shape = [1, t, h * d] if three_d else [1, h, t, d]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "QKV"]
+    names = ["Q", "K", "V"]
+    if mask:
+        kind = TensorProto.BOOL if mask == "bool" else TensorProto.FLOAT
+        ins.append(helper.make_tensor_value_info("M", kind, [t, t]))
+        names.append("M")
+    attrs = {"is_causal": int(causal)}
+    if three_d:
+        attrs.update(q_num_heads=h, kv_num_heads=h)
+    node = helper.make_node("Attention", names, ["Y"], **attrs)
+    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    return helper.make_model(helper.make_graph([node], "attn", ins, [out]),
+                             opset_imports=[helper.make_opsetid("", 23)])
+
+
+@pytest.mark.parametrize("three_d,causal,mask", [(False, False, None), (False, True, None),
+                                                 (True, False, "f32"), (False, False, "bool")])
+def test_onnx_attention_op(three_d, causal, mask):
+    model = _attention_op(three_d, causal, mask)
+    rng = np.random.default_rng(1)
+    shape = (1, 7, 64) if three_d else (1, 2, 7, 32)
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "QKV"}
+    if mask == "bool":
+        feeds["M"] = np.tril(np.ones((7, 7), bool)) | (rng.random((7, 7)) < 0.5)
+    elif mask:
+        feeds["M"] = rng.standard_normal((7, 7)).astype(np.float32)
+    cm = bridge.compile_onnx(model, allow_fallback=False)
+    assert ": attention" in cm.explain().replace(", attention", ": attention")
+    got, = cm(**feeds)
+    want, = _ort(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_onnx_attention_op_with_past_runs_on_the_host():
+    model = _attention_op(False, False, None)
+    node = model.graph.node[0]
+    node.input.extend(["", "PK", "PV"])
+    pk = helper.make_tensor_value_info("PK", TensorProto.FLOAT, [1, 2, 3, 32])
+    pv = helper.make_tensor_value_info("PV", TensorProto.FLOAT, [1, 2, 3, 32])
+    model.graph.input.extend([pk, pv])
+    text = bridge.compile_onnx(model).explain()
+    assert "past keys and values" in text
+
+
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
+def test_torch_compile_sdpa_is_one_attention_kernel(causal, masked, tmp_path):
+    torch._dynamo.reset()
+    mod = _Sdpa(causal, masked)
+    args = _qkvm(t=20, seed=2)
+    compiled = torch.compile(mod, backend="braze", options={
+        "allow_fallback": False, "strict": True, "dump_dir": str(tmp_path)})
+    got = compiled(*args)
+    clusters = "".join(p.read_text() for p in tmp_path.glob("*clusters*"))
+    assert "(compiled, 1 nodes" in clusters and "attention" in clusters
+    torch.testing.assert_close(got, mod(*args), rtol=1e-5, atol=2e-6)
+
+
+def test_transformer_encoder_attention_is_fused():
+    """nn.TransformerEncoder (fast path off: training-mode flag cleared by eval and
+    enable_nested_tensor=False; the exporter decomposes its SDPA): every layer's
+    attention becomes one attention node."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(1, 24, 64)
+    model = _export(enc, (x,))
+    cm = bridge.compile_onnx(model, allow_fallback=False)
+    assert "attention x2" in cm.explain()
+    got, = cm(in0=x.numpy())
+    want, = _ort(model, {"in0": x.numpy()})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

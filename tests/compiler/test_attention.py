@@ -1,0 +1,202 @@
+"""Fused attention: the fuse_attention pass (compiler/passes/attention.py) on decomposed
+graphs, and the kernel (compiler/kernels/attention.py) against torch's
+scaled_dot_product_attention: head dims 32/64/80, lengths 1/7/128/300, causal or not,
+additive and boolean masks, and no T x T buffer in the memory plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from compiler.codegen import compile_graph
+from runtime.cpu import CpuStep
+from compiler.passes.attention import check, fuse_attention
+from compiler.passes.pipeline import run_passes
+from compiler.passes.rules import Context
+from compiler.text import parse_graph
+
+
+def _dims(s) -> str:
+    return ",".join(map(str, s))
+
+
+def _decomposed(b, h, t, d, *, scale_on_q=False, mask=False, weights_out=False):
+    """The importers' form: q @ transpose(k), * scale, + mask, softmax as max/sub/exp/sum/
+    div, @ v."""
+    x, st, kt, sc = (b, h, t, d), (b, h, t, t), (b, h, d, t), (b, h, t, 1)
+    q_line = (f"  %qs = mul(%q, %c) : f32[{_dims(x)}]\n  %s = matmul(%qs, %kt) : f32[{_dims(st)}]\n"
+              f"  %s1 = add(%s, %zero) : f32[{_dims(st)}]" if scale_on_q else
+              f"  %s0 = matmul(%q, %kt) : f32[{_dims(st)}]\n  %s1 = mul(%s0, %c) : f32[{_dims(st)}]")
+    mask_line = f"  %s2 = add(%s1, %m) : f32[{_dims(st)}]" if mask else \
+        f"  %s2 = add(%s1, %zero) : f32[{_dims(st)}]"
+    outs = "%o, %p" if weights_out else "%o"
+    return parse_graph(f"""
+graph attn(%q: f32[{_dims(x)}], %k: f32[{_dims(x)}], %v: f32[{_dims(x)}], %m: f32[{t},{t}]) -> ({outs}) {{
+  %c = const() {{value=dense<f32[]: [0.125]>}} : f32[]
+  %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]
+  %kt = transpose(%k) {{perm=[0,1,3,2]}} : f32[{_dims(kt)}]
+{q_line}
+{mask_line}
+  %mx = reduce_max(%s2) {{axes=[3], keepdims=true}} : f32[{_dims(sc)}]
+  %z = sub(%s2, %mx) : f32[{_dims(st)}]
+  %e = exp(%z) : f32[{_dims(st)}]
+  %sum = reduce_sum(%e) {{axes=[3], keepdims=true}} : f32[{_dims(sc)}]
+  %p = div(%e, %sum) : f32[{_dims(st)}]
+  %o = matmul(%p, %v) : f32[{_dims(x)}]
+}}
+""")
+
+
+def _ops(g) -> list[str]:
+    return [n.op for n in g.nodes if n.op != "const"]
+
+
+@pytest.mark.parametrize("scale_on_q", [False, True])
+def test_decomposed_attention_becomes_one_node(scale_on_q):
+    g = _decomposed(1, 2, 7, 32, scale_on_q=scale_on_q, mask=True)
+    run_passes(g, verify_each=True)
+    assert _ops(g) == ["attention"]
+    node = g.nodes[-1]
+    assert node.attrs["scale"] == pytest.approx(0.125) and len(node.inputs) == 4
+
+
+def test_weights_read_elsewhere_stay_decomposed():
+    g = _decomposed(1, 2, 7, 32, weights_out=True)
+    root = next(n for n in reversed(g.nodes) if n.op == "matmul")
+    assert "read outside" in check(root, Context(g))
+    assert not fuse_attention(g)
+
+
+def test_boolean_select_mask_is_recognized():
+    g = parse_graph("""
+graph attn(%q: f32[2,5,16], %k: f32[2,5,16], %v: f32[2,5,16], %keep: bool[5,5]) -> (%o) {
+  %fill = const() {value=dense<f32[]: [-inf]>} : f32[]
+  %kt = transpose(%k) {perm=[0,2,1]} : f32[2,16,5]
+  %s = matmul(%q, %kt) : f32[2,5,5]
+  %s2 = select(%keep, %s, %fill) : f32[2,5,5]
+  %mx = reduce_max(%s2) {axes=[2], keepdims=true} : f32[2,5,1]
+  %z = sub(%s2, %mx) : f32[2,5,5]
+  %e = exp(%z) : f32[2,5,5]
+  %sum = reduce_sum(%e) {axes=[2], keepdims=true} : f32[2,5,1]
+  %p = div(%e, %sum) : f32[2,5,5]
+  %o = matmul(%p, %v) : f32[2,5,16]
+}
+""")
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal((2, 5, 16)).astype(np.float32) for _ in range(3)]
+    keep = np.tril(np.ones((5, 5), bool))
+    want, = CpuStep(compile_graph(parse_graph(str(g)))).run(ins + [keep])
+    assert fuse_attention(g)
+    g.remove_dead()
+    assert "attention" in _ops(g) and "exp" not in _ops(g)
+    got, = CpuStep(compile_graph(g)).run(ins + [keep])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _attention_graph(b, h, t, d, causal, mask):
+    x = _dims((b, h, t, d))
+    m_in = f", %m: {mask}[{t},{t}]" if mask else ""
+    if mask == "bool":
+        body = (f"  %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]\n"
+                f"  %ninf = const() {{value=dense<f32[]: [-inf]>}} : f32[]\n"
+                f"  %am = select(%m, %zero, %ninf) : f32[{t},{t}]\n")
+        args = ", %am"
+    else:
+        body, args = "", ", %m" if mask else ""
+    return parse_graph(f"""
+graph a(%q: f32[{x}], %k: f32[{x}], %v: f32[{x}]{m_in}) -> (%o) {{
+{body}  %o = attention(%q, %k, %v{args}) {{scale={float(1 / np.sqrt(d))!r}, causal={str(causal).lower()}}} : f32[{x}]
+}}
+""")
+
+
+def _cases():
+    """Every mask kind at head dim 64; causal or not at 32 and 80; length 300 is slow."""
+    out = []
+    for d in (32, 64, 80):
+        kinds = [(False, None), (True, None)] + ([(False, "f32"), (False, "bool"),
+                                                  (True, "f32")] if d == 64 else [])
+        for t in (1, 7, 128, 300):
+            marks = [pytest.mark.slow] if t == 300 else []
+            out += [pytest.param(d, t, c, m, marks=marks) for c, m in kinds]
+    return out
+
+
+@pytest.mark.parametrize("d,t,causal,mask", _cases())
+def test_kernel_matches_torch_sdpa(d, t, causal, mask):
+    rng = np.random.default_rng(t * d)
+    b, h = 1, 2
+    q, k, v = (rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(3))
+    ins = [q, k, v]
+    tm = None
+    if mask == "f32":
+        ins.append(rng.standard_normal((t, t)).astype(np.float32))
+        tm = torch.from_numpy(ins[-1])
+    elif mask == "bool":
+        keep = rng.random((t, t)) < 0.7
+        keep[:, 0] = True  # no fully masked row (torch gives NaN there, as braze does)
+        ins.append(keep)
+        tm = torch.from_numpy(keep)
+    y, = CpuStep(compile_graph(_attention_graph(b, h, t, d, causal, mask))).run(ins)
+    if causal and tm is not None:  # torch takes a mask or is_causal, not both
+        tm = tm.double().masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -np.inf)
+    elif tm is not None and tm.dtype != torch.bool:
+        tm = tm.double()
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a).double() for a in (q, k, v)), attn_mask=tm,
+        is_causal=causal and tm is None).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6)
+
+
+def test_no_score_buffer_and_one_kernel():
+    t = 300
+    cg = compile_graph(_attention_graph(1, 2, t, 64, True, None))
+    assert [k.contraction.op for k in cg.kernels] == ["attention"]
+    assert all(t * t > 0 and (len(v.shape) < 2 or v.shape[-2:] != (t, t))
+               for v in cg.plan.materialized)
+    assert cg.arena_bytes < 4 * t * t  # not even one head's scores
+
+
+def test_two_threads_match_one():
+    rng = np.random.default_rng(5)
+    ins = [rng.standard_normal((1, 3, 70, 64)).astype(np.float32) for _ in range(3)]
+    g = _attention_graph(1, 3, 70, 64, True, None)
+    one, = CpuStep(compile_graph(g), threads=1).run(ins)
+    two, = CpuStep(compile_graph(g), threads=2).run(ins)
+    np.testing.assert_array_equal(one, two)
+
+
+def test_constant_causal_mask_becomes_the_causal_flag():
+    t = 7
+    g = _decomposed(1, 2, t, 32, mask=True)
+    causal = np.where(np.tril(np.ones((t, t), bool)), 0.0, -np.inf).astype(np.float32)
+    m = next(v for v in g.inputs if v.name == "m")
+    c = g.add_node("const", [], {"value": causal}, out_names=["causal"], index=0).output
+    g.replace_all_uses(m, c)
+    g.inputs.remove(m)
+    rng = np.random.default_rng(3)
+    ins = [rng.standard_normal((1, 2, t, 32)).astype(np.float32) for _ in range(3)]
+    want, = CpuStep(compile_graph(parse_graph(str(g), {"causal": causal}))).run(ins)
+    run_passes(g, verify_each=True)
+    assert _ops(g) == ["attention"]
+    assert g.nodes[-1].attrs["causal"] and len(g.nodes[-1].inputs) == 3
+    got, = CpuStep(compile_graph(g)).run(ins)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_causal_mask_computed_from_constants_becomes_the_causal_flag():
+    """A mask the exporter computes from constants (left unfolded when it outgrows them)
+    is evaluated to see that it is the causal one."""
+    t = 6
+    g = _decomposed(1, 2, t, 32, mask=True)
+    m = next(v for v in g.inputs if v.name == "m")
+    keep = g.add_node("const", [], {"value": np.tril(np.ones((t, t), bool))}, index=0).output
+    zero = g.add_node("const", [], {"value": np.array(0.0, np.float32)}, index=0).output
+    ninf = g.add_node("const", [], {"value": np.array(-np.inf, np.float32)}, index=0).output
+    sel = g.add_node("select", [keep, zero, ninf], index=3).output
+    g.replace_all_uses(m, sel)
+    g.inputs.remove(m)
+    assert fuse_attention(g)
+    node = next(n for n in g.nodes if n.op == "attention")
+    assert node.attrs["causal"] and len(node.inputs) == 3
