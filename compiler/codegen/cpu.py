@@ -702,8 +702,12 @@ def _signature(k: Kernel, local: dict) -> tuple | None:
     """What a kernel's code depends on, with its buffers named by their place in its
     table (`local`) and its other values by position: kernels with equal signatures
     render to the same function. None (never a twin) when a node reads a value that is
-    neither a buffer, nor computed in the kernel, nor a small constant."""
-    ids = {v: ("buf", i) for v, i in local.items()}
+    neither a buffer, nor computed in the kernel, nor a small constant. A buffer's type is
+    part of its name: two matmuls with equal outputs but different depths (a stack of
+    Linear layers whose weights are inputs), or an add broadcasting one operand, read
+    their inputs at other strides and are not twins."""
+    ids = {v: ("buf", i, str(v.type) if isinstance(v, Value) else None)
+           for v, i in local.items()}
     parts: list = [k.kind, k.domain, k.axes]
     for n in k.nodes:
         args = []
