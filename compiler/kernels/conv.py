@@ -97,7 +97,8 @@ class ConvShape:
         """A 1x1 conv (each output pixel reads one input pixel's Cin channels) whose
         pixels are a multiple of 4 KiB apart: its tiles read their rows from a padded
         copy, made once per row block (gemm.packed_rows), so tiles go row-block-major."""
-        return self.kh == self.kw == 1 and gemm.aliasing(self.cin * self.strides[1] * 4)
+        return self.kh == self.kw == 1 and gemm.copies_rows(self.cin * self.strides[1] * 4,
+                                                            self.cin)
 
     @property
     def m(self) -> int:
