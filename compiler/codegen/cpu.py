@@ -143,7 +143,13 @@ class Renderer:
         root = k.root
         node = k.contraction
         outer, parallel = _extent(k, self.tile)
-        if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
+        if root.type.size == 0:  # an empty dim (an empty batch): nothing to write
+            pass
+        elif node is not None and contraction_depth(node) == 0:
+            inner = root.shape[-1] if root.shape else 1
+            counted_loop(b, lo, hi, lambda b, o: self._row_of_loop(
+                b, ptrs, k, o, inner, {node.outputs[0]: scalar_constant(0, root.dtype)}))
+        elif node is not None and node.op == "matmul" and gemm.refusal(node) is None:
             shape = gemm.GemmShape.of(node, self.tile)
             a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
@@ -188,13 +194,15 @@ class Renderer:
 
         counted_loop(b, start, end, element)
 
-    def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int) -> None:
+    def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int, known=None) -> None:
+        """Row o of a loop kernel's root; `known` maps values to constant registers (an
+        empty contraction's zero result)."""
         root = k.root
         head = delinearize(b, o, root.shape[:-1]) if root.shape else []
         base = b.mul(o, i64(inner))
 
         def element(b, j):
-            em = self._emitter(b, without(ptrs, root))
+            em = self._emitter(b, without(ptrs, root), known)
             idx = head + [j] if root.shape else []
             store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
@@ -654,7 +662,11 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
     """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
     rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
     root, node = k.root, k.contraction
-    if node is not None and node.op == "matmul" and gemm.refusal(node) is None:
+    if root.type.size == 0:
+        return 0, False
+    if node is not None and contraction_depth(node) == 0:
+        outer, work = root.type.size // (root.shape[-1] if root.shape else 1), root.type.size
+    elif node is not None and node.op == "matmul" and gemm.refusal(node) is None:
         shape = gemm.GemmShape.of(node, tile)
         outer, work = shape.items, shape.m * shape.n * shape.k
     elif node is not None and node.op == "conv":
@@ -696,6 +708,16 @@ def by_columns(k: Kernel) -> bool:
     if any(r.op in ("argmax", "argmin") for r in k.levels[0]):
         return False
     return k.domain[last] * 8 <= COLUMN_ROW_BYTES
+
+
+def contraction_depth(node) -> int:
+    """Products summed per output element of a matmul or conv. Zero (x[2, 0] @ w[0, 3], a
+    conv of no input channels) makes the result zeros: its kernel is then the epilogue
+    applied to zero, as a loop kernel, since the tile kernels assume one product at least."""
+    w = node.inputs[1]
+    if node.op == "matmul":
+        return node.inputs[0].shape[-1]
+    return int(np.prod(w.shape[1:], dtype=np.int64))
 
 
 def _signature(k: Kernel, local: dict) -> tuple | None:

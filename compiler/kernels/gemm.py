@@ -260,9 +260,10 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
 
 
 def tile_rows(m: int, mr: int) -> int:
-    """Rows per tile for M rows: the fewest blocks of at most `mr`, then the shortest."""
-    blocks = -(-m // mr)
-    return -(-m // blocks)
+    """Rows per tile for M rows: the fewest blocks of at most `mr`, then the shortest (one
+    for M = 0, an empty batch: it then has no row blocks and no work items)."""
+    blocks = max(1, -(-m // mr))
+    return max(1, -(-m // blocks))
 
 
 # Tile order. Row-block-major (a thread writes, and an epilogue reads, whole rows of C,
