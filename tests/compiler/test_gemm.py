@@ -119,3 +119,22 @@ def test_rows_too_long_for_a_stack_copy_are_read_in_place():
     # a float32 running sum of k unit-scale products: each of k roundings is ~eps * sqrt(k)
     # (the partial sum's scale), and they random-walk to ~eps * k (measured: 0.023)
     np.testing.assert_allclose(y, a.astype(np.float64) @ w, rtol=0, atol=2 * 6e-8 * k)
+
+
+def test_an_empty_batch_has_no_work_items():
+    """M = 0 (an empty batch): no row blocks, no tiles, an empty kernel function (tile_rows
+    divided by zero), and an empty result."""
+    assert gemm.tile_rows(0) == 1 and gemm.GemmShape(0, 8, 40).items == 0
+    cg = compile_graph(_matmul((0, 8), (8, 40), np.ones((8, 40), np.float32)))
+    assert "gemm.loop" not in cg.llvm_ir
+    y, = cg.run([np.zeros((0, 8), np.float32)])
+    assert y.shape == (0, 40)
+
+
+def test_an_empty_contraction_is_zeros_without_the_gemm():
+    """K = 0: the result is zeros (the packed GEMM ran its K loop once on an empty panel:
+    NaN); the kernel is a loop storing the epilogue of zero, here zero itself."""
+    cg = compile_graph(_matmul((5, 0), (0, 40), np.zeros((0, 40), np.float32)))
+    assert "gemm.loop" not in cg.llvm_ir and cg.kernels[0].contraction is not None
+    y, = cg.run([np.zeros((5, 0), np.float32)])
+    np.testing.assert_array_equal(y, np.zeros((5, 40), np.float32))
