@@ -124,7 +124,7 @@ def test_rows_too_long_for_a_stack_copy_are_read_in_place():
 def test_an_empty_batch_has_no_work_items():
     """M = 0 (an empty batch): no row blocks, no tiles, an empty kernel function (tile_rows
     divided by zero), and an empty result."""
-    assert gemm.tile_rows(0) == 1 and gemm.GemmShape(0, 8, 40).items == 0
+    assert gemm.tile_rows(0, TILE.mr) == 1 and gemm.GemmShape(0, 8, 40, TILE).items == 0
     cg = compile_graph(_matmul((0, 8), (8, 40), np.ones((8, 40), np.float32)))
     assert "gemm.loop" not in cg.llvm_ir
     y, = cg.run([np.zeros((0, 8), np.float32)])
