@@ -145,7 +145,7 @@ class Renderer:
         outer, parallel = _extent(k, self.tile)
         if root.type.size == 0:  # an empty dim (an empty batch): nothing to write
             pass
-        elif node is not None and contraction_depth(node) == 0:
+        elif node is not None and empty_matmul(node):
             inner = root.shape[-1] if root.shape else 1
             counted_loop(b, lo, hi, lambda b, o: self._row_of_loop(
                 b, ptrs, k, o, inner, {node.outputs[0]: scalar_constant(0, root.dtype)}))
@@ -664,7 +664,7 @@ def _extent(k: Kernel, tile: gemm.Tile) -> tuple[int, bool]:
     root, node = k.root, k.contraction
     if root.type.size == 0:
         return 0, False
-    if node is not None and contraction_depth(node) == 0:
+    if node is not None and empty_matmul(node):
         outer, work = root.type.size // (root.shape[-1] if root.shape else 1), root.type.size
     elif node is not None and node.op == "matmul" and gemm.refusal(node) is None:
         shape = gemm.GemmShape.of(node, tile)
@@ -710,14 +710,11 @@ def by_columns(k: Kernel) -> bool:
     return k.domain[last] * 8 <= COLUMN_ROW_BYTES
 
 
-def contraction_depth(node) -> int:
-    """Products summed per output element of a matmul or conv. Zero (x[2, 0] @ w[0, 3], a
-    conv of no input channels) makes the result zeros: its kernel is then the epilogue
-    applied to zero, as a loop kernel, since the tile kernels assume one product at least."""
-    w = node.inputs[1]
-    if node.op == "matmul":
-        return node.inputs[0].shape[-1]
-    return int(np.prod(w.shape[1:], dtype=np.int64))
+def empty_matmul(node) -> bool:
+    """Whether `node` is a matmul with nothing to sum (x[2, 0] @ w[0, 3]): its result is
+    zeros, and its kernel the epilogue applied to zero, as a loop kernel (the tile kernels
+    assume one product at least; conv.refusal sends an empty conv to the host)."""
+    return node.op == "matmul" and node.inputs[0].shape[-1] == 0
 
 
 def _signature(k: Kernel, local: dict) -> tuple | None:

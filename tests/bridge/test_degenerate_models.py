@@ -140,6 +140,20 @@ def test_empty_contraction_is_the_epilogue_of_zero(nodes, feeds, inits):
     assert np.isfinite(got[0]).all()
 
 
+def test_conv_of_no_input_channels_is_its_bias_on_the_host():
+    """A conv with no input channels is an empty contraction whose result is the bias:
+    braze's kernels do not take it (the direct conv summed garbage), onnxruntime does."""
+    nodes = [_node("Conv", ["x", "w", "b"], "c", pads=[1] * 4), _node("Relu", ["c"], "y")]
+    inits = [_init("w", np.zeros((40, 0, 3, 3), np.float32)), _init("b", _f(40))]
+    model = _model(nodes, [V("x", TensorProto.FLOAT, [1, 0, 8, 8])], inits)
+    feeds = {"x": _f(1, 0, 8, 8)}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    m = bridge.compile_onnx(model)
+    np.testing.assert_allclose(m(**feeds)[0], want, rtol=1e-6)
+    assert "empty contraction" in m.explain()
+
+
 @pytest.mark.parametrize("n", [400, 2000])
 def test_long_elementwise_chain_matches_onnxruntime(n):
     """350 or more elementwise nodes raised RecursionError in the fusion walk."""
