@@ -22,11 +22,12 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def load_model(model_or_path) -> onnx.ModelProto:
-    """A ModelProto from a path, raw bytes or a ModelProto, with external data loaded."""
+    """A ModelProto from a path, raw bytes or a ModelProto, with external data loaded and
+    every name as text (`text_strings`)."""
     if isinstance(model_or_path, onnx.ModelProto):
-        return model_or_path
+        return text_strings(model_or_path)
     if isinstance(model_or_path, (bytes, bytearray)):
-        return _check_parsed(_parse(bytes(model_or_path), "<bytes>"), "<bytes>")
+        return text_strings(_check_parsed(_parse(bytes(model_or_path), "<bytes>"), "<bytes>"))
     if not isinstance(model_or_path, (str, os.PathLike)):
         raise ModelLoadError(f"expected a path, bytes or onnx.ModelProto, "
                              f"got {type(model_or_path).__name__}")
@@ -40,7 +41,47 @@ def load_model(model_or_path) -> onnx.ModelProto:
         raise ModelLoadError(f"{path} is empty: not an ONNX model")
     model = _check_parsed(_parse(data, str(path)), str(path))
     _load_external(model, path)
-    return model
+    return text_strings(model)
+
+
+def text_strings(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, or a copy of it whose string fields (node and value names, domains...) are
+    all text. Protobuf hands back a string field that is not valid UTF-8 as bytes, which
+    braze's IR text, cache key and messages cannot hold, while onnxruntime runs such a
+    model; the copy decodes them with backslash escapes (b"\\xff" -> "\\\\xff"), the same
+    everywhere a name occurs, so values still meet their readers. The caller's model is
+    never changed."""
+    if not any(True for _ in _byte_strings(model)):
+        return model
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for msg, field, index in list(_byte_strings(fixed)):
+        text = _decoded(msg, field, index)
+        if index is None:
+            setattr(msg, field.name, text)
+        else:
+            getattr(msg, field.name)[index] = text
+    return fixed
+
+
+def _decoded(msg, field, index) -> str:
+    value = getattr(msg, field.name)
+    return (value if index is None else value[index]).decode("utf-8", "backslashreplace")
+
+
+def _byte_strings(root):
+    """(message, string field, index or None) for each string field of `root` and of the
+    messages inside it that protobuf returned as bytes (an explicit stack: subgraphs
+    nest)."""
+    stack = [root]
+    while stack:
+        msg = stack.pop()
+        for field, value in msg.ListFields():
+            if field.type == field.TYPE_MESSAGE:
+                stack.extend(value if field.is_repeated else [value])
+            elif field.type == field.TYPE_STRING:
+                values = enumerate(value) if field.is_repeated else [(None, value)]
+                yield from ((msg, field, i) for i, x in values if isinstance(x, bytes))
 
 
 def _read(path: Path) -> bytes:

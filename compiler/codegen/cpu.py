@@ -145,7 +145,13 @@ class Renderer:
         node = k.contraction
         outer, parallel = _extent(k)
         impl = k.impl.name if k.impl is not None else None
-        if impl == choice.GEMM:
+        if root.type.size == 0:  # an empty dim (an empty batch): nothing to write
+            pass
+        elif node is not None and empty_matmul(node):
+            inner = root.shape[-1] if root.shape else 1
+            counted_loop(b, lo, hi, lambda b, o: self._row_of_loop(
+                b, ptrs, k, o, inner, {node.outputs[0]: scalar_constant(0, root.dtype)}))
+        elif impl == choice.GEMM:
             shape = choice.shape(node, k.impl)
             a, w = node.inputs
             packed = self._buffers(b, bufs, [(PACKED, w)])[(PACKED, w)]
@@ -194,13 +200,15 @@ class Renderer:
 
         counted_loop(b, start, end, element)
 
-    def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int) -> None:
+    def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int, known=None) -> None:
+        """Row o of a loop kernel's root; `known` maps values to constant registers (an
+        empty contraction's zero result)."""
         root = k.root
         head = delinearize(b, o, root.shape[:-1]) if root.shape else []
         base = b.mul(o, i64(inner))
 
         def element(b, j):
-            em = self._emitter(b, without(ptrs, root))
+            em = self._emitter(b, without(ptrs, root), known)
             idx = head + [j] if root.shape else []
             store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
@@ -711,8 +719,12 @@ def _extent(k: Kernel) -> tuple[int, bool]:
     """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
     rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
     root, node = k.root, k.contraction
+    if root.type.size == 0:
+        return 0, False
     impl = k.impl.name if k.impl is not None else None
-    if impl == choice.GEMM:
+    if node is not None and empty_matmul(node):
+        outer, work = root.type.size // (root.shape[-1] if root.shape else 1), root.type.size
+    elif impl == choice.GEMM:
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.m * shape.n * shape.k
     elif impl == choice.BATCHED:
@@ -764,12 +776,23 @@ def _transposed_last(v: Value) -> bool:
     return p is not None and p.op == "transpose" and p.attrs["perm"][-1] == len(v.shape) - 2
 
 
+def empty_matmul(node) -> bool:
+    """Whether `node` is a matmul with nothing to sum (x[2, 0] @ w[0, 3]): its result is
+    zeros, and its kernel the epilogue applied to zero, as a loop kernel (the tile kernels
+    assume one product at least; conv.refusal sends an empty conv to the host)."""
+    return node.op == "matmul" and node.inputs[0].shape[-1] == 0
+
+
 def _signature(k: Kernel, local: dict) -> tuple | None:
     """What a kernel's code depends on, with its buffers named by their place in its
     table (`local`) and its other values by position: kernels with equal signatures
     render to the same function. None (never a twin) when a node reads a value that is
-    neither a buffer, nor computed in the kernel, nor a small constant."""
-    ids = {v: ("buf", i) for v, i in local.items()}
+    neither a buffer, nor computed in the kernel, nor a small constant. A buffer's type is
+    part of its name: two matmuls with equal outputs but different depths (a stack of
+    Linear layers whose weights are inputs), or an add broadcasting one operand, read
+    their inputs at other strides and are not twins."""
+    ids = {v: ("buf", i, str(v.type) if isinstance(v, Value) else None)
+           for v, i in local.items()}
     parts: list = [k.kind, k.domain, k.axes]
     for n in k.nodes:
         args = []

@@ -32,6 +32,9 @@ def refusal(node) -> str | None:
         return f"dtype {x.dtype}: braze's conv kernel is float32 only"
     if node.attrs["group"] != 1:
         return f"group {node.attrs['group']}: grouped convolution is not compiled yet"
+    if 0 in w.shape[1:]:
+        return "no input channels or an empty window: an empty contraction (its result is "\
+            "the bias; the kernel assumes one product at least)"
     for v in node.inputs[1:]:
         if v.producer is None or v.producer.op != "const":
             return f"%{v.name} is not a constant (the weight is packed at compile time)"
@@ -97,7 +100,8 @@ class ConvShape:
         """A 1x1 conv (each output pixel reads one input pixel's Cin channels) whose
         pixels are a multiple of 4 KiB apart: its tiles read their rows from a padded
         copy, made once per row block (gemm.packed_rows), so tiles go row-block-major."""
-        return self.kh == self.kw == 1 and gemm.aliasing(self.cin * self.strides[1] * 4)
+        return self.kh == self.kw == 1 and gemm.copies_rows(self.cin * self.strides[1] * 4,
+                                                            self.cin)
 
     @property
     def m(self) -> int:

@@ -178,11 +178,22 @@ def splat_constant(b: ir.IRBuilder, value: float, vtype: ir.VectorType):
 # 97-102 -> 107-112 GFLOP/s; 2 threads 180-218 -> 209-221.
 ROW_PAD = 16  # floats: one 64-byte cache line
 ALIAS_BYTES = 4096
+# The copy lives on the calling thread's stack, a tile's rows of K + ROW_PAD floats: past this
+# size it would leave L2 anyway, and an unbounded one overflowed the stack (K = 2^18 took
+# 12 MiB of an 8 MiB stack: SIGSEGV). Longer rows are read in place.
+COPY_SCRATCH_BYTES = 1 << 19
 
 
 def aliasing(row_stride_bytes: int) -> bool:
     """Whether rows this far apart conflict in L1 (see ALIAS_BYTES)."""
     return row_stride_bytes % ALIAS_BYTES == 0
+
+
+def copies_rows(row_stride_bytes: int, k: int) -> bool:
+    """Whether tiles read their rows of k floats, `row_stride_bytes` apart, from a padded
+    copy (`packed_rows`): rows that alias in L1 and whose copy, for the tallest tile of any
+    target (MAX_MR rows), fits COPY_SCRATCH_BYTES."""
+    return aliasing(row_stride_bytes) and MAX_MR * (k + ROW_PAD) * 4 <= COPY_SCRATCH_BYTES
 
 
 def packed_rows(b: ir.IRBuilder, tile: Tile, rows: int, k: int, key, row_ptrs: list) -> list:
@@ -222,7 +233,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
     """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`; before,
     `before(b, rows, row0, panel)`, and after, `after(...)`, if given (prefetches for
     the tile; an epilogue over the tile just stored)."""
-    copies = aliasing(shape.k * 4)
+    copies = copies_rows(shape.k * 4, shape.k)
     t = shape.tile
 
     def tile(b, rows, row0, panel):
@@ -247,9 +258,10 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
 
 
 def tile_rows(m: int, mr: int) -> int:
-    """Rows per tile for M rows: the fewest blocks of at most `mr`, then the shortest."""
-    blocks = -(-m // mr)
-    return -(-m // blocks)
+    """Rows per tile for M rows: the fewest blocks of at most `mr`, then the shortest (one
+    for M = 0, an empty batch: it then has no row blocks and no work items)."""
+    blocks = max(1, -(-m // mr))
+    return max(1, -(-m // blocks))
 
 
 # Tile order. Row-block-major (a thread writes, and an epilogue reads, whole rows of C,

@@ -29,7 +29,9 @@ A value is materialized (gets a buffer; `plan(graph).reasons` says why) when:
     each path recomputes it at its own index) and it is costly as above;
   - a row kernel cannot take it in: a reduction over other axes or another
     domain, or a row-dependent value read through a movement op or at a shape
-    other than D or D with the reduced dims kept as 1 (see `_row_refusal`).
+    other than D or D with the reduced dims kept as 1 (see `_row_refusal`);
+  - its inline expression is MAX_INLINE_DEPTH ops deep (a long chain of ops is
+    one kernel per MAX_INLINE_DEPTH of them; a contraction's epilogue stops there).
 Materializing only ever adds values, so `plan` reaches its fixed point in at
 most as many rounds as the cluster has values.
 """
@@ -58,6 +60,11 @@ ROW_CACHE_BYTES = 1 << 16
 # A value read by several kernels whose inline expression has more ops than this
 # is materialized: past it, recomputation costs more than a store and a load.
 INLINE_COST = 8
+# Ops along one inlined path of a kernel: a value whose inline expression would be deeper
+# gets a buffer. The emitter recurses once per inlined op (as do this module's walks over
+# a kernel's nodes), and a valid model's chain of 350 elementwise ops ran out of Python's
+# stack; a store and a load every 64 ops cost little next to 64 ops per element.
+MAX_INLINE_DEPTH = 64
 
 
 def reduce_axes(node: Node) -> tuple:
@@ -179,6 +186,7 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
                     continue  # read through its movement ops while it is packed
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
+    _materialize_deep(graph, reasons, claimed)
     order = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
     while True:
         kernels = _kernels(graph, set(reasons))
@@ -211,15 +219,18 @@ def _epilogue(node: Node, at: int, users: dict, graph: Graph, claimed: set) -> l
     are not taken (a residual add of two convs belongs to the first)."""
     c = node.outputs[0]
     inside, tainted = {c}, {c}  # the DAG's values; every value computed from c
+    depth = {c: 0}  # ops between c and each value of the DAG (at most MAX_INLINE_DEPTH)
     chain: list[Node] = []
     for n in graph.nodes[at + 1:]:  # `at`: node's position in graph.nodes
         from_c = [u for u in n.inputs if u in tainted]
         if not from_c:
             continue
         if (n.opdef.family is Family.ELEMENTWISE and n not in claimed
-                and n.outputs[0].shape == c.shape and all(u in inside for u in from_c)):
+                and n.outputs[0].shape == c.shape and all(u in inside for u in from_c)
+                and max(depth[u] for u in from_c) < MAX_INLINE_DEPTH):
             chain.append(n)
             inside.add(n.outputs[0])
+            depth[n.outputs[0]] = 1 + max(depth[u] for u in from_c)
         tainted.update(n.outputs)
     outputs = set(graph.outputs)
     while chain:  # drop the latest ops until exactly one value leaves: the root
@@ -230,6 +241,29 @@ def _epilogue(node: Node, at: int, users: dict, graph: Graph, claimed: set) -> l
             return chain
         chain.pop()
     return []
+
+
+def _materialize_deep(graph: Graph, reasons: dict, claimed: set) -> None:
+    """Give a buffer to each value whose inline expression (the ops from the nearest
+    buffers, inputs or constants) reaches MAX_INLINE_DEPTH: a chain of ops becomes one
+    kernel per MAX_INLINE_DEPTH of them. One walk in graph order (no recursion); epilogue
+    nodes are never cut (`_epilogue` bounds their depth), and values materialized later
+    only make expressions shallower."""
+    depth: dict[Value, int] = {}
+    for n in graph.nodes:
+        if n.op == "const":
+            continue
+        d = 0 if n.opdef.family is Family.CONTRACTION else \
+            1 + max((depth.get(u, 0) for u in n.inputs), default=0)
+        for v in n.outputs:
+            if v in reasons:
+                depth[v] = 0
+            elif d >= MAX_INLINE_DEPTH and n not in claimed:
+                reasons[v] = (f"its inline expression is {d} ops deep (MAX_INLINE_DEPTH="
+                              f"{MAX_INLINE_DEPTH}): a buffer bounds each kernel's depth")
+                depth[v] = 0
+            else:
+                depth[v] = d
 
 
 def _epilogue_operands(node: Node, chain: list[Node]) -> list[Value]:
@@ -349,17 +383,18 @@ def _levels(reds: list[Node], inside: set) -> list[list[Node]]:
 
 def _fused_nodes(root: Value, materialized: set) -> list[Node]:
     """The ops a kernel computes: root's producer and every inlined producer behind it."""
-    seen: dict[Node, None] = {}
-
-    def visit(v: Value, is_root: bool) -> None:
+    seen: dict[Node, None] = {}  # in post-order: each node after its inlined inputs
+    stack: list[tuple[Value, bool]] = [(root, False)]  # (value, its inputs pushed?)
+    while stack:  # iterative: a long chain of inlined ops must not exhaust Python's stack
+        v, expanded = stack.pop()
         p = v.producer
-        if p is None or p.op == "const" or (v in materialized and not is_root) or p in seen:
-            return
-        for u in p.inputs:
-            visit(u, False)
-        seen[p] = None
-
-    visit(root, True)
+        if p is None or p.op == "const" or p in seen or (v in materialized and v is not root):
+            continue
+        if expanded:
+            seen[p] = None
+            continue
+        stack.append((v, True))
+        stack.extend((u, False) for u in reversed(p.inputs))
     return list(seen)
 
 

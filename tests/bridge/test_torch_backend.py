@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from compiler.codegen import cpu
 from tests.bridge.torch_models import LSTMTagger, SmallResNet, randomize_bn
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -119,7 +120,7 @@ def test_non_contiguous_input():
     check_inference(m, torch.randn(6, 4).t())
 
 
-def _training_losses(make, batch_shape) -> tuple[list, list]:
+def _training_losses(make, batch_shape, **options) -> tuple[list, list]:
     """Losses of 20 SGD steps: eager, and a second copy (same seed) under braze."""
     data = [(torch.randn(*batch_shape), torch.randn(batch_shape[0], 1)) for _ in range(20)]
 
@@ -136,7 +137,7 @@ def _training_losses(make, batch_shape) -> tuple[list, list]:
 
     eager = make()
     ours = make()
-    return losses(eager, eager), losses(ours, compiled(ours))
+    return losses(eager, eager), losses(ours, compiled(ours, **options))
 
 
 def test_mlp_training_loop_matches_eager():
@@ -147,6 +148,23 @@ def test_mlp_training_loop_matches_eager():
 
     expected, got = _training_losses(make, (16, 10))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch", [1, 16])
+def test_stacked_relu_layers_training_loop_matches_eager(monkeypatch, batch, threads):
+    """Linear+ReLU layers of equal output widths and different depths (issue 16, item 0:
+    their row kernels were taken for twins and the second ran with the first's depth,
+    giving NaN or 1e12), with twins trusted as in production."""
+    monkeypatch.setattr(cpu, "VERIFY_TWINS", False)
+
+    def make():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(),
+                             nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    expected, got = _training_losses(make, (batch, 10), threads=threads)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
 
 
 def test_small_cnn_training_loop_matches_eager():

@@ -255,6 +255,51 @@ def test_a_signature_that_misses_something_fails_loudly(monkeypatch):
         compile_graph(_twins_graph())
 
 
+def _same_output_other_inputs() -> Graph:
+    """Kernels whose outputs have one type but whose inputs differ: two matmuls of depth
+    16 and 8 with weights that are inputs (a stack of Linear layers with unfrozen
+    weights: issue 16, item 0), and two adds of which one broadcasts an operand."""
+    g = Graph("not_twins")
+    x = g.add_input("x", TensorType("f32", (4, 16)))
+    w1 = g.add_input("w1", TensorType("f32", (16, 8)))
+    w2 = g.add_input("w2", TensorType("f32", (8, 8)))
+    h = g.op("max", g.op("matmul", x, w1), g.const(np.array(0, np.float32)))
+    y = g.op("max", g.op("matmul", h, w2), g.const(np.array(0, np.float32)))
+    row = g.add_input("row", TensorType("f32", (1, 8)))
+    full = g.add_input("full", TensorType("f32", (4, 8)))
+    g.outputs = [y, g.op("add", row, y), g.op("add", full, y)]
+    return g
+
+
+def _not_twins_inputs() -> list[np.ndarray]:
+    shapes = [(4, 16), (16, 8), (8, 8), (1, 8), (4, 8)]
+    return [np.random.default_rng(i).standard_normal(s).astype(np.float32)
+            for i, s in enumerate(shapes)]
+
+
+def test_kernels_reading_other_input_shapes_are_not_twins():
+    """Structural: a signature names each buffer with its type, so these kernels are
+    rendered each (VERIFY_TWINS, set for the suite, would raise if they were twinned
+    and their code differed)."""
+    cg = compile_graph(_same_output_other_inputs())
+    matmuls = [k for k in cg.kernels if k.contraction is not None]
+    assert len(matmuls) == 2
+    assert len(cg.kernels) == 4
+    assert cg.llvm_ir.count("define internal void @\"k") == 4
+
+
+def test_kernels_reading_other_input_shapes_compute_their_own_results(monkeypatch):
+    """Numeric, with twins trusted as in production (VERIFY_TWINS off): the deeper
+    matmul's code run on the shallower one read past its rows (NaN, 1e12, crashes)."""
+    monkeypatch.setattr(cpu, "VERIFY_TWINS", False)
+    x, w1, w2, row, full = xs = _not_twins_inputs()
+    y = np.maximum(np.maximum(x @ w1, 0) @ w2, 0)
+    for threads in (1, 2):
+        got = CpuStep(compile_graph(_same_output_other_inputs()), threads=threads).run(xs)
+        for g_, want in zip(got, (y, row + y, full + y)):
+            np.testing.assert_allclose(g_, want, rtol=1e-5, atol=1e-6)
+
+
 def _chain_of_distinct_kernels(n: int) -> Graph:
     """n kernels of different shapes (no twins): a row softmax per width."""
     g = Graph("distinct")

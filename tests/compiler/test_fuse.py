@@ -3,12 +3,16 @@ why values get buffers; and the fused kernels' numbers against the interpreter."
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from compiler.codegen import compile_graph
 from compiler.interp import evaluate
-from compiler.ir import verify
+from compiler.ir import Graph, TensorType, verify
+from compiler.ops import Family
+from compiler.passes import fuse
 from compiler.passes.fuse import plan
 from compiler.text import parse_graph
 from runtime.cpu import CpuStep
@@ -389,3 +393,52 @@ def test_ops_on_row_results_do_not_make_a_value_costly():
                     .replace("%eps = const()", "%n_const = const() {value=dense<f32[]: [64.0]>}"
                              " : f32[]\n  %eps = const()"))).kernels[0]
     assert k.row_cached == []
+
+
+def _chain(n: int, head: str = "") -> Graph:
+    """y = ops applied n times to x (sin, add s, mul s in turn): one long inline chain
+    (after an optional matmul `head`, whose epilogue it then is)."""
+    g = Graph("chain")
+    x = g.add_input("x", TensorType("f32", (4, 8)))
+    s = g.add_input("s", TensorType("f32", (4, 8)))
+    v = g.op("matmul", x, g.add_input("w", TensorType("f32", (8, 8)))) if head else x
+    for i in range(n):
+        v = g.op("sin", v) if i % 3 == 0 else g.op("add" if i % 3 == 1 else "mul", v, s)
+    g.outputs = [v]
+    return g
+
+
+def _inline_depth(k) -> int:
+    """The longest path of ops inside kernel k (what the emitter recurses along)."""
+    inside, depth = set(k.nodes), {}
+    for n in k.nodes:
+        d = 0 if n.opdef.family is Family.CONTRACTION else 1 + max(
+            (depth.get(u, 0) for u in n.inputs if u.producer in inside), default=0)
+        depth.update((v, d) for v in n.outputs)
+    return max(depth.values())
+
+
+@pytest.mark.parametrize("head", ["", "matmul"])
+def test_a_long_chain_is_cut_every_max_inline_depth_ops(head):
+    """400 elementwise ops (a valid model ran out of Python's stack: RecursionError in the
+    fusion walk, then in the emitter): one kernel per MAX_INLINE_DEPTH ops, each cut
+    with its reason, the last kernel's numbers equal to the interpreter's; a matmul's
+    epilogue takes at most MAX_INLINE_DEPTH of them."""
+    g = _chain(400, head)
+    p = plan(g)
+    assert len(p.kernels) == -(-(400 + bool(head)) // fuse.MAX_INLINE_DEPTH)
+    assert all(_inline_depth(k) <= fuse.MAX_INLINE_DEPTH for k in p.kernels)
+    cuts = [r for r in p.reasons.values() if "MAX_INLINE_DEPTH" in r]
+    assert len(cuts) == len(p.kernels) - 1 - bool(head)  # the epilogue's root has its own
+    if head:
+        assert p.kernels[0].kind == "contraction"
+        assert len(p.kernels[0].nodes) == 1 + fuse.MAX_INLINE_DEPTH
+    _check_numbers(g)
+
+
+def test_fused_nodes_walk_needs_no_stack():
+    """Far more inlined ops than Python's recursion limit, in post-order (each node after
+    the nodes it reads), as the recursive walk listed them."""
+    g = _chain(3 * sys.getrecursionlimit())
+    nodes = fuse._fused_nodes(g.outputs[0], set(g.outputs))
+    assert nodes == [n for n in g.nodes if n.op != "const"]

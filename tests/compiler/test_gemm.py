@@ -105,3 +105,39 @@ def test_rows_4k_apart_are_copied_once_per_row_block():
     assert f"alloca float, i64 {TILE.mr * (1024 + gemm.ROW_PAD)}" in ir_text
     ir_text = compile_graph(_matmul((24, 512), (512, 64), w[:512])).llvm_ir
     assert f"alloca float, i64 {TILE.mr * (512 + gemm.ROW_PAD)}" not in ir_text
+
+
+def test_rows_too_long_for_a_stack_copy_are_read_in_place():
+    """K = 2^18 floats aliases in L1 too, but MR rows of it are 12 MiB: the copy, on the
+    thread's stack, overflowed it (SIGSEGV). Rows past COPY_SCRATCH_BYTES are read in
+    place, and the product is still right."""
+    k = 1 << 18
+    assert gemm.copies_rows(4096 * 4, 4096) and not gemm.copies_rows(k * 4, k)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((k, 16)).astype(np.float32)
+    a = rng.standard_normal((12, k)).astype(np.float32)
+    cg = CpuStep(compile_graph(_matmul((12, k), (k, 16), w)), threads=2)
+    assert "alloca float" not in cg.llvm_ir
+    y, = cg.run([a])
+    # a float32 running sum of k unit-scale products: each of k roundings is ~eps * sqrt(k)
+    # (the partial sum's scale), and they random-walk to ~eps * k (measured: 0.023)
+    np.testing.assert_allclose(y, a.astype(np.float64) @ w, rtol=0, atol=2 * 6e-8 * k)
+
+
+def test_an_empty_batch_has_no_work_items():
+    """M = 0 (an empty batch): no row blocks, no tiles, an empty kernel function (tile_rows
+    divided by zero), and an empty result."""
+    assert gemm.tile_rows(0, TILE.mr) == 1 and gemm.GemmShape(0, 8, 40, TILE).items == 0
+    cg = CpuStep(compile_graph(_matmul((0, 8), (8, 40), np.ones((8, 40), np.float32))))
+    assert "gemm.loop" not in cg.llvm_ir
+    y, = cg.run([np.zeros((0, 8), np.float32)])
+    assert y.shape == (0, 40)
+
+
+def test_an_empty_contraction_is_zeros_without_the_gemm():
+    """K = 0: the result is zeros (the packed GEMM ran its K loop once on an empty panel:
+    NaN); the kernel is a loop storing the epilogue of zero, here zero itself."""
+    cg = CpuStep(compile_graph(_matmul((5, 0), (0, 40), np.zeros((0, 40), np.float32))))
+    assert "gemm.loop" not in cg.llvm_ir and cg.kernels[0].contraction is not None
+    y, = cg.run([np.zeros((5, 0), np.float32)])
+    np.testing.assert_array_equal(y, np.zeros((5, 40), np.float32))
