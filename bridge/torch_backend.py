@@ -1,7 +1,7 @@
 """`torch.compile(model, backend="braze")`: the PyTorch path, inference and training.
 
 Registered through the `torch_dynamo_backends` entry point, so no import of braze
-is needed. The backend is thin (STYLE.md 14): AOTAutograd turns dynamo's graph
+is needed. The backend is thin: AOTAutograd turns dynamo's graph
 into functional aten graphs decomposed to the core aten op set (forward and
 backward for training, one inference graph under no_grad); each becomes a
 `GraphRunner` that specializes per concrete input signature at call time:
@@ -33,57 +33,22 @@ import itertools
 import logging
 import operator
 import os
-import threading
-from dataclasses import dataclass, fields
 
 import torch
 
-from bridge.onnx_api import codegen_supports, first_refusal, run_pipeline, run_target_passes
-from compiler.errors import BrazeError, CompileError
-from compiler.target import kind as target_kind
-from compiler.target import parse as parse_target
-from compiler.passes.cluster import describe_partition, outline, partition
+from bridge.options import TorchOptions
+from bridge.specializations import SpecializationCache
+from bridge.steps import Part, Steps
+from compiler import driver
+from compiler.errors import BrazeError
+from compiler.ir import Graph
 
 log = logging.getLogger("braze")
 
-# Distinct input signatures kept compiled per graph (least recently used dropped
-# first): a graph called with ever-changing shapes recompiles, not grows unbounded.
-MAX_SPECIALIZATIONS = 8
-
-TARGETS = ("cpu",)
 # torch.compile's modes: accepted; braze's pipeline is the same for all of them.
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 _graph_ids = itertools.count()
-
-
-@dataclass(frozen=True)
-class TorchOptions:
-    """`options=` of torch.compile(backend="braze")."""
-
-    target: str = "cpu"
-    allow_fallback: bool = True
-    threads: int = 2
-    dump_dir: str | None = None
-    freeze: bool = True
-    strict: bool = False
-
-    @classmethod
-    def from_dict(cls, options: dict | None) -> "TorchOptions":
-        options = dict(options or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise BrazeError(f"unknown braze option(s) {', '.join(unknown)}; "
-                             f"known options: {', '.join(sorted(known))}")
-        opts = cls(**options)
-        if target_kind(opts.target) not in TARGETS:  # TargetError for an unknown spelling
-            raise BrazeError(f"unknown target {opts.target!r}; braze compiles for "
-                             f"{', '.join(TARGETS)}")
-        parse_target(opts.target)  # TargetError for an unknown CPU or feature
-        if not isinstance(opts.threads, int) or opts.threads < 1:
-            raise BrazeError(f"threads must be a positive integer, got {opts.threads!r}")
-        return opts
 
 
 def braze(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = None,
@@ -188,11 +153,10 @@ class GraphRunner:
         self.static = frozenset(static)
         self.opts = opts
         self.dynamic = _is_dynamic(gm)
-        self._specs: collections.OrderedDict = collections.OrderedDict()
+        self._specs = SpecializationCache()
         self._frozen_state = None  # the frozen weights' (data pointers, versions) last seen
         self._static_order = tuple(sorted(self.static))
         self._dynamic_order: dict[int, tuple] = {}  # argument count -> non-static indices
-        self._lock = threading.Lock()
 
     def __call__(self, *args):
         key, why = self._signature(args)
@@ -206,8 +170,8 @@ class GraphRunner:
                 raise
             log.warning("braze: graph %s failed at run time (%s: %s); running it eagerly "
                         "from now on", self.name, type(e).__name__, e)
-            with self._lock:
-                self._specs[key] = None
+            with self._specs.lock:
+                self._specs.put(key, None)
             return self.gm(*args)
 
     def _signature(self, args) -> tuple[tuple, str | None]:
@@ -230,16 +194,9 @@ class GraphRunner:
         return tuple(key), None
 
     def _specialization(self, key: tuple, args):
-        with self._lock:
+        with self._specs.lock:
             self._check_frozen(args)
-            if key in self._specs:
-                self._specs.move_to_end(key)
-                return self._specs[key]
-            spec = self._compile(args)
-            self._specs[key] = spec
-            while len(self._specs) > MAX_SPECIALIZATIONS:
-                self._specs.popitem(last=False)
-            return spec
+            return self._specs.get_or_build(key, lambda: self._compile(args))
 
     def _check_frozen(self, args) -> None:
         """Frozen weights changed since they were baked in: drop every specialization."""
@@ -268,10 +225,11 @@ class GraphRunner:
             if self.opts.allow_fallback:  # a limit of braze's IR, not a failure: INFO
                 log.info("braze: graph %s runs on torch: %s", self.name, e)
                 return None
+            error = driver.refused(str(e))
             if self.opts.strict:
-                raise CompileError(f"{e} (allow_fallback=False)") from None
-            log.warning("braze: could not compile graph %s (%s (allow_fallback=False)); "
-                        "running it eagerly", self.name, e)
+                raise error from None
+            log.warning("braze: could not compile graph %s (%s); running it eagerly",
+                        self.name, error)
             return None
         except Exception as e:
             if self.opts.strict:
@@ -325,18 +283,16 @@ class _Specialization:
         vals = concrete_vals(runner.gm, args) if runner.dynamic else None
         self.imported = imported = import_fx(runner.gm, args, frozen, vals, runner.name)
         self.input_indices = imported.input_indices
-        graph = imported.graph
-        dump(opts, runner.name, "import.ir", str(graph))
-        run_pipeline(graph)
-        run_target_passes(graph, opts.target)
-        self.clusters = partition(graph, codegen_supports(opts.target))
-        dump(opts, runner.name, "opt.ir", str(graph))
-        dump(opts, runner.name, "clusters.txt", describe_partition(self.clusters))
-        if not opts.allow_fallback and (why := first_refusal(self.clusters)):
-            raise CompileError(f"{why} (allow_fallback=False)")
+        dump(opts, runner.name, "import.ir", str(imported.graph))
+        plan = driver.plan(imported.graph, opts.target, opts.allow_fallback)
+        self.clusters = plan.clusters
+        dump(opts, runner.name, "opt.ir", str(plan.graph))
+        dump(opts, runner.name, "clusters.txt", plan.describe())
+        plan.check()
         _log_host_nodes(runner.name, self.clusters)
-        self.executable = build_executable(
-            graph, self.clusters, lambda c: _make_step(c, graph, imported.host_ops, runner))
+        self.parts = _TorchSteps(runner, imported.host_ops).parts(plan)
+        self.executable = build_executable(plan.graph, self.clusters,
+                                           [p.step for p in self.parts])
 
     def run(self, args) -> list:
         from runtime.fallback_torch import to_torch
@@ -364,25 +320,38 @@ def _frozen_arrays(static: frozenset, args) -> dict:
     return frozen
 
 
-def _make_step(cluster, graph, host_ops: dict, runner: GraphRunner):
-    """A cluster's runtime step: braze's kernels (numpy in and out) or eager torch."""
-    from runtime.fallback_torch import TorchHostStep, to_numpy
+class _TorchSteps(Steps):
+    """The torch front end's steps: eager torch for host clusters, braze's kernels fed
+    numpy views of the tensors; a cluster braze fails to compile runs on torch too
+    (logged), unless `strict`. Compiled code is not kept on disk (it never has been on
+    this front end)."""
 
-    sub = outline(graph, cluster)
-    if not cluster.compiled:
-        return TorchHostStep(sub, host_ops)
-    try:
-        from compiler.codegen import compile_graph
+    def __init__(self, runner: GraphRunner, host_ops: dict):
+        from runtime.fallback_torch import TorchHostStep
 
-        compiled = compile_graph(sub, target=runner.opts.target, threads=runner.opts.threads)
-    except Exception as e:
-        if runner.opts.strict:
-            raise
-        log.warning("braze: codegen failed for %s of graph %s (%s: %s); torch runs it",
-                    sub.name, runner.name, type(e).__name__, e)
-        return TorchHostStep(sub, host_ops)
-    dump(runner.opts, runner.name, f"{sub.name}.ll", str(getattr(compiled, "llvm_ir", "")))
-    run = compiled.run
+        super().__init__(runner.opts, lambda sub: TorchHostStep(sub, host_ops),
+                         adapt=_numpy_args)
+        self.name = runner.name
+
+    def part(self, sub: Graph, compiled: bool) -> Part:
+        if not compiled:
+            return super().part(sub, False)
+        try:
+            part = super().part(sub, True)
+        except Exception as e:
+            if self.opts.strict:
+                raise
+            log.warning("braze: codegen failed for %s of graph %s (%s: %s); torch runs it",
+                        sub.name, self.name, type(e).__name__, e)
+            return super().part(sub, False)
+        dump(self.opts, self.name, f"{sub.name}.ll", str(getattr(part.compiled, "llvm_ir", "")))
+        return part
+
+
+def _numpy_args(run):
+    """A compiled cluster's step taking torch tensors (numpy views of them, no copies)."""
+    from runtime.fallback_torch import to_numpy
+
     return lambda args: run([to_numpy(a) for a in args])
 
 
@@ -393,8 +362,7 @@ def _log_host_nodes(name: str, clusters) -> None:
         if c.compiled:
             continue
         for n in c.nodes:
-            label = n.attrs["op_type"] if n.op == "host" else n.op
-            seen[(label, c.reasons[n])] += 1
+            seen[(driver.node_label(n), c.reasons[n])] += 1
     for (label, reason), count in seen.items():
         times = f" ({count} nodes)" if count > 1 else ""
         log.info("braze: graph %s: %s runs on torch%s: %s", name, label, times, reason)

@@ -114,7 +114,9 @@ class FusionPlan:
     notes: dict[Value, str]  # inlined value shared by kernels -> why it is recomputed
 
     def explain(self) -> str:
-        """One line per kernel and per decision (what `braze explain` prints)."""
+        """One line per kernel of this compiled cluster and per materialize/recompute
+        decision (`CompiledGraph.plan.explain()`; `braze explain` prints the clusters:
+        compiler/driver.py, Plan.describe)."""
         lines = []
         for i, k in enumerate(self.kernels):
             ops = " ".join(n.op for n in k.nodes)
