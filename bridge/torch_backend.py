@@ -14,9 +14,10 @@ Example inputs may be fake tensors and SymInts: only their metadata is read.
 Freezing (option freeze, default True): in inference graphs, the inputs that
 AOTAutograd reports as static (parameters and buffers) become IR constants at
 the first call, so constant folding, batch-norm folding and weight packing apply,
-as inductor's freezing does. Assumption: weights do not change after compile.
-Each call checks the frozen tensors' identity and version counter; a change
-(an optimizer step, load_state_dict in place) recompiles rather than run stale.
+as inductor's freezing does. Each call checks the frozen tensors' storage, version
+counters and a sampled fingerprint of their values (bridge/frozen.py); a change (an
+optimizer step, load_state_dict, an update through `.data`) recompiles rather than
+run stale weights.
 
 Never breaks the user's program: an exception in braze's compile or run logs a
 WARNING on logger "braze" and runs that graph eagerly (option strict=True raises
@@ -31,11 +32,11 @@ import collections
 import functools
 import itertools
 import logging
-import operator
 import os
 
 import torch
 
+from bridge.frozen import FrozenWeights
 from bridge.options import TorchOptions
 from bridge.specializations import SpecializationCache
 from bridge.steps import Part, Steps
@@ -141,9 +142,6 @@ def static_inputs() -> tuple[int, ...]:
     return tuple(getattr(meta, "static_input_indices", None) or ())
 
 
-_VERSION = operator.attrgetter("_version")
-
-
 class GraphRunner:
     """One aten graph: compiled per input signature at call time, eager on refusal."""
 
@@ -154,8 +152,7 @@ class GraphRunner:
         self.opts = opts
         self.dynamic = _is_dynamic(gm)
         self._specs = SpecializationCache()
-        self._frozen_state = None  # the frozen weights' (data pointers, versions) last seen
-        self._static_order = tuple(sorted(self.static))
+        self._frozen = FrozenWeights(self.static) if self.static else None
         self._dynamic_order: dict[int, tuple] = {}  # argument count -> non-static indices
 
     def __call__(self, *args):
@@ -176,7 +173,7 @@ class GraphRunner:
 
     def _signature(self, args) -> tuple[tuple, str | None]:
         """The specialization key: each non-frozen input's shape and dtype (or value);
-        frozen weights (a model's hundreds) are left to _check_frozen, and not visited
+        frozen weights (a model's hundreds) are left to bridge/frozen.py, and not visited
         here (per call, on cold caches, visiting them cost ~0.2 ms on ResNet-50)."""
         n = len(args)
         order = self._dynamic_order.get(n)
@@ -199,20 +196,11 @@ class GraphRunner:
             return self._specs.get_or_build(key, lambda: self._compile(args))
 
     def _check_frozen(self, args) -> None:
-        """Frozen weights changed since they were baked in: drop every specialization."""
-        if not self.static:
-            return
-        weights = [args[i] for i in self._static_order]
-        if all(map(torch.is_tensor, weights)):  # maps over C functions: no Python frame each
-            state = (list(map(torch.Tensor.data_ptr, weights)),
-                     list(map(_VERSION, weights)))
-        else:
-            state = [(a.data_ptr(), a._version) if isinstance(a, torch.Tensor) else None
-                     for a in weights]
-        if self._frozen_state is not None and state != self._frozen_state:
+        """Frozen weights changed since they were compiled in (bridge/frozen.py: storage,
+        version counters, a sampled fingerprint): drop every specialization."""
+        if self._frozen is not None and self._frozen.changed(args):
             log.info("braze: frozen weights of graph %s changed; compiling it again", self.name)
             self._specs.clear()
-        self._frozen_state = state
 
     def _compile(self, args):
         from compiler import gc_paused
