@@ -138,6 +138,11 @@ class LoadedModel:
                 f"{len(self._specs)} specialization(s)>")
 
     @property
+    def threads(self) -> int:
+        """The threads it runs with (load's argument, else the saved option)."""
+        return self.options.threads
+
+    @property
     def saved_shapes(self) -> list[dict]:
         """The input shapes of each saved specialization."""
         return [dict(s.shapes) for s in self._specs]
