@@ -63,19 +63,23 @@ def _state(weights: list) -> object:
 
 class Fingerprint:
     """Sampled elements of tensors: `same()` says whether they still hold the bytes they
-    held when the fingerprint was taken. The tensors are kept (their memory stays
-    valid); a CPU tensor's samples are read in place by compiled code, any other's
-    (on another device, or not one dense block) through a copy each time."""
+    held when the fingerprint was taken. A CPU tensor's samples are read in place by
+    compiled code, through views that keep its memory alive (a weight given new storage
+    leaves the old one readable); any other's (on another device, or not one dense
+    block) through a copy each time."""
 
     def __init__(self, tensors: list):
-        self._tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.numel()]
         addresses = []
+        self._views = []
         self._copied = []
-        for t in self._tensors:
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.numel() == 0:
+                continue
             flat = _flat_view(t) if t.device.type == "cpu" else None
             if flat is None:
                 self._copied.append(t)
             else:
+                self._views.append(flat)
                 addresses.append(_sample_addresses(flat))
         self._addresses = np.concatenate(addresses) if addresses else np.zeros(0, np.uint64)
         self._bytes = np.empty(len(self._addresses), np.uint8)
