@@ -41,16 +41,14 @@ class _Sdpa:
 def memory_plan(path: Path) -> dict:
     """braze's compiled clusters for the ONNX file: arena bytes, the largest buffer it
     materializes, and the kernels' contractions."""
-    from bridge import onnx_api
+    from compiler import driver
     from compiler.codegen import compile_graph
     from compiler.passes.cluster import outline
     from importers.onnx import import_onnx
 
     graph = import_onnx(str(path)).graph
-    onnx_api.run_pipeline(graph)
-    onnx_api.run_target_passes(graph, "cpu")
     arena, largest, ops = 0, 0, []
-    for cluster in onnx_api.plan(graph, "cpu", allow_fallback=False):
+    for cluster in driver.plan(graph, "cpu", allow_fallback=False).clusters:
         cg = compile_graph(outline(graph, cluster))
         arena += cg.arena_bytes
         largest = max([largest] + [v.type.size * 4 for v in cg.plan.materialized])

@@ -93,7 +93,7 @@ def profile_resnet(batch: int, threads: int, rounds: int) -> dict:
         compiled = bridge.compile_onnx(str(path), threads=threads)
         compiled(x)
     spec = next(iter(compiled._specs.values()))
-    graphs = [cg for _, cg in spec.parts if cg is not None]
+    graphs = [p.compiled for p in spec.parts if p.compiled is not None]
     if len(graphs) != 1:
         raise SystemExit(f"expected ResNet-50 as one compiled cluster, got {len(graphs)}")
     cg = graphs[0]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from bridge.inputs import InputSpec, bind_inputs
+from bridge.options import Options, check_threads
+from bridge.steps import onnx_steps
 from compiler.errors import ArtifactError, BrazeError, InputError
 from compiler.ir import Graph, IRError, verify
 from compiler.target import Target
@@ -42,8 +44,7 @@ def save_model(model, specs: list, path) -> None:
         "model": {"name": model._model.graph.name, "target": model.target,
                   "inputs": [s.to_json() for s in model.input_specs],
                   "outputs": list(model.output_names),
-                  "options": {"allow_fallback": model.options.allow_fallback,
-                              "threads": model.options.threads}},
+                  "options": model.options.saved()},
         "specializations": [_spec_data(w, f"spec{i}", s) for i, s in enumerate(specs)],
     }
     w.write(path, manifest, target=model.target)
@@ -55,13 +56,13 @@ def _spec_data(w: ArtifactWriter, prefix: str, spec) -> dict:
                             f"{len(spec.parts)} recorded clusters")
 
     def step_data(i: int, step) -> dict:
-        sub, compiled = spec.parts[i]
-        graph = _put_graph(w, f"{prefix}/step{i}.ir", sub)
-        if compiled is None:
+        part = spec.parts[i]
+        graph = _put_graph(w, f"{prefix}/step{i}.ir", part.graph)
+        if part.compiled is None:
             return {"kind": "host", "graph": graph}
         return {"kind": "compiled", "graph": graph,
-                "object_code": w.add(f"{prefix}/step{i}.o", compiled.object_code),
-                "memory": _memory_plan(compiled)}
+                "object_code": w.add(f"{prefix}/step{i}.o", part.compiled.object_code),
+                "memory": _memory_plan(part.compiled)}
 
     return {"shapes": {n: list(s) for n, s in spec.shapes.items()},
             "values": {n: w.add_tensor(v) for n, v in spec.values.items()},
@@ -100,7 +101,7 @@ def load(path, threads: int | None = None) -> LoadedModel:
     kernels it holds, and never compiles (no LLVM).
     """
     if threads is not None:
-        _options({"threads": threads})  # checked before the file is read
+        check_threads(threads)
     reader = ArtifactReader(path)
     try:
         return LoadedModel(reader, threads)
@@ -124,13 +125,10 @@ class LoadedModel:
         self.input_specs = [InputSpec.from_json(d) for d in model["inputs"]]
         self.input_names = [s.name for s in self.input_specs]
         self.output_names = [str(n) for n in model["outputs"]]
-        saved = model["options"]
-        try:
-            opts = _options({**saved, **({} if threads is None else {"threads": threads})})
-        except BrazeError as e:
-            reader.fail(f"malformed manifest: options {saved!r}: {e}")
-        self.threads, self.allow_fallback = opts.threads, bool(opts.allow_fallback)
-        self._specs = [_LoadedSpecialization(reader, d, self.threads, self.compiled_for)
+        # as saved, but for `threads` when load() was given it (a model saved without
+        # fallback has no host steps: allow_fallback is a record, nothing reads it)
+        self.options = _options(reader, model["options"], threads)
+        self._specs = [_LoadedSpecialization(reader, d, self.options, self.compiled_for)
                        for d in m["specializations"]]
         if not self._specs:
             reader.fail("holds no compiled specialization")
@@ -138,6 +136,11 @@ class LoadedModel:
     def __repr__(self) -> str:
         return (f"<braze artifact {self.path}: inputs {', '.join(self.input_names)}; "
                 f"{len(self._specs)} specialization(s)>")
+
+    @property
+    def threads(self) -> int:
+        """The threads it runs with (load's argument, else the saved option)."""
+        return self.options.threads
 
     @property
     def saved_shapes(self) -> list[dict]:
@@ -172,47 +175,42 @@ class LoadedModel:
                          "(call the compiled model with them and save again)")
 
 
+def _options(reader: ArtifactReader, saved: dict, threads: int | None) -> Options:
+    """The saved options, `threads` (when given) in place of the saved one."""
+    try:
+        return Options.from_dict(dict(saved, threads=threads or saved["threads"]))
+    except BrazeError as e:
+        reader.fail(f"malformed manifest: options {saved!r}: {e}")
+
+
 class _LoadedSpecialization:
     """One saved input signature and its rebuilt Executable."""
 
-    def __init__(self, reader: ArtifactReader, d: dict, threads: int, target: Target):
+    def __init__(self, reader: ArtifactReader, d: dict, opts: Options, target: Target):
         self.shapes = {str(n): tuple(int(x) for x in s) for n, s in d["shapes"].items()}
         self.values = {str(n): reader.tensor(t) for n, t in d["values"].items()}
         self.input_names = [str(n) for n in d["inputs"]]
         self.graph_entry = d["graph"]  # the whole graph's IR text, for inspection only
-        opset = int(d["opset"])
         kinds = [st["kind"] for st in d["executable"]["steps"]]
         self.host_steps = kinds.count("host")
-        self.executable = load_executable(d["executable"], reader,
-                                          lambda st: _load_step(reader, st, threads, opset,
-                                                                target))
+        steps = onnx_steps(opts, int(d["opset"]))
+        fns = [_load_step(reader, st, steps, target) for st in d["executable"]["steps"]]
+        self.executable = load_executable(d["executable"], reader, fns)
 
 
-def _options(options: dict):
-    """compile_onnx's options, checked as compile_onnx checks them (threads' bounds)."""
-    from bridge.onnx_api import Options
-
-    return Options.from_kwargs(options)
-
-
-def _load_step(reader: ArtifactReader, st: dict, threads: int, opset: int, target: Target):
-    """The runtime step a saved step describes: its object code, or a new onnxruntime
-    session for its host sub-graph."""
-    from bridge.onnx_api import host_step
-    from compiler.codegen.compiled import CpuProgram
-    from runtime.cpu import CpuStep
-
+def _load_step(reader: ArtifactReader, st: dict, steps, target: Target):
+    """The runtime step a saved step describes (bridge/steps.py builds it): its object
+    code, or a new onnxruntime session for its host sub-graph."""
     sub = _get_graph(reader, st["graph"])
     if st["kind"] == "host":
-        return host_step(sub, threads, opset)
+        return steps.part(sub, compiled=False).step
     if st["kind"] != "compiled":
         reader.fail(f"malformed manifest: unknown step kind {st['kind']!r}")
-    program = CpuProgram.from_object_code(sub, reader.read(st["object_code"]), target)
-    compiled = CpuStep(program, threads)
-    if _memory_plan(compiled) != st["memory"]:
+    part = steps.load(sub, reader.read(st["object_code"]), target)
+    if _memory_plan(part.compiled) != st["memory"]:
         reader.fail(f"{st['label']}: this braze plans its memory differently from the code "
                     "saved for it; compile the model again (`braze compile`)")
-    return compiled.run
+    return part.step
 
 
 def _get_graph(reader: ArtifactReader, d: dict) -> Graph:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from compiler.errors import BrazeError
+from bridge.options import check_threads
 
 # Pause before each timed sample; see benchmarks/common.py, where it was measured
 # (onnxruntime's pool keeps its cores for tens of milliseconds after a call).
@@ -192,8 +192,7 @@ def verdict(cs: list[Contender], report: dict) -> str:
 def bench(path: str, feeds: dict, threads: int, rounds: int, budget_s: float,
           warmup: int) -> str:
     """Set up, check and time every runtime; returns the report text."""
-    if threads < 1:
-        raise BrazeError(f"--threads must be at least 1, got {threads}")
+    check_threads(threads)
     holder: dict = {}
     cs = contenders(path, feeds, threads, holder)
     n = run_rounds(cs, rounds, budget_s, warmup)

@@ -1,7 +1,7 @@
 """`torch.compile(model, backend="braze")`: the PyTorch path, inference and training.
 
 Registered through the `torch_dynamo_backends` entry point, so no import of braze
-is needed. The backend is thin (STYLE.md 14): AOTAutograd turns dynamo's graph
+is needed. The backend is thin: AOTAutograd turns dynamo's graph
 into functional aten graphs decomposed to the core aten op set (forward and
 backward for training, one inference graph under no_grad); each becomes a
 `GraphRunner` that specializes per concrete input signature at call time:
@@ -14,9 +14,10 @@ Example inputs may be fake tensors and SymInts: only their metadata is read.
 Freezing (option freeze, default True): in inference graphs, the inputs that
 AOTAutograd reports as static (parameters and buffers) become IR constants at
 the first call, so constant folding, batch-norm folding and weight packing apply,
-as inductor's freezing does. Assumption: weights do not change after compile.
-Each call checks the frozen tensors' identity and version counter; a change
-(an optimizer step, load_state_dict in place) recompiles rather than run stale.
+as inductor's freezing does. Each call checks the frozen tensors' storage, version
+counters and a sampled fingerprint of their values (bridge/frozen.py); a change (an
+optimizer step, load_state_dict, an update through `.data`) recompiles rather than
+run stale weights.
 
 Never breaks the user's program: an exception in braze's compile or run logs a
 WARNING on logger "braze" and runs that graph eagerly (option strict=True raises
@@ -31,59 +32,24 @@ import collections
 import functools
 import itertools
 import logging
-import operator
 import os
-import threading
-from dataclasses import dataclass, fields
 
 import torch
 
-from bridge.onnx_api import codegen_supports, first_refusal, run_pipeline, run_target_passes
-from compiler.errors import BrazeError, CompileError
-from compiler.target import kind as target_kind
-from compiler.target import parse as parse_target
-from compiler.passes.cluster import describe_partition, outline, partition
+from bridge.frozen import FrozenWeights
+from bridge.options import TorchOptions
+from bridge.specializations import SpecializationCache
+from bridge.steps import Part, Steps
+from compiler import driver
+from compiler.errors import BrazeError
+from compiler.ir import Graph
 
 log = logging.getLogger("braze")
 
-# Distinct input signatures kept compiled per graph (least recently used dropped
-# first): a graph called with ever-changing shapes recompiles, not grows unbounded.
-MAX_SPECIALIZATIONS = 8
-
-TARGETS = ("cpu",)
 # torch.compile's modes: accepted; braze's pipeline is the same for all of them.
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 _graph_ids = itertools.count()
-
-
-@dataclass(frozen=True)
-class TorchOptions:
-    """`options=` of torch.compile(backend="braze")."""
-
-    target: str = "cpu"
-    allow_fallback: bool = True
-    threads: int = 2
-    dump_dir: str | None = None
-    freeze: bool = True
-    strict: bool = False
-
-    @classmethod
-    def from_dict(cls, options: dict | None) -> "TorchOptions":
-        options = dict(options or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise BrazeError(f"unknown braze option(s) {', '.join(unknown)}; "
-                             f"known options: {', '.join(sorted(known))}")
-        opts = cls(**options)
-        if target_kind(opts.target) not in TARGETS:  # TargetError for an unknown spelling
-            raise BrazeError(f"unknown target {opts.target!r}; braze compiles for "
-                             f"{', '.join(TARGETS)}")
-        parse_target(opts.target)  # TargetError for an unknown CPU or feature
-        if not isinstance(opts.threads, int) or opts.threads < 1:
-            raise BrazeError(f"threads must be a positive integer, got {opts.threads!r}")
-        return opts
 
 
 def braze(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = None,
@@ -176,9 +142,6 @@ def static_inputs() -> tuple[int, ...]:
     return tuple(getattr(meta, "static_input_indices", None) or ())
 
 
-_VERSION = operator.attrgetter("_version")
-
-
 class GraphRunner:
     """One aten graph: compiled per input signature at call time, eager on refusal."""
 
@@ -188,11 +151,9 @@ class GraphRunner:
         self.static = frozenset(static)
         self.opts = opts
         self.dynamic = _is_dynamic(gm)
-        self._specs: collections.OrderedDict = collections.OrderedDict()
-        self._frozen_state = None  # the frozen weights' (data pointers, versions) last seen
-        self._static_order = tuple(sorted(self.static))
+        self._specs = SpecializationCache()
+        self._frozen = FrozenWeights(self.static) if self.static else None
         self._dynamic_order: dict[int, tuple] = {}  # argument count -> non-static indices
-        self._lock = threading.Lock()
 
     def __call__(self, *args):
         key, why = self._signature(args)
@@ -206,13 +167,13 @@ class GraphRunner:
                 raise
             log.warning("braze: graph %s failed at run time (%s: %s); running it eagerly "
                         "from now on", self.name, type(e).__name__, e)
-            with self._lock:
-                self._specs[key] = None
+            with self._specs.lock:
+                self._specs.put(key, None)
             return self.gm(*args)
 
     def _signature(self, args) -> tuple[tuple, str | None]:
         """The specialization key: each non-frozen input's shape and dtype (or value);
-        frozen weights (a model's hundreds) are left to _check_frozen, and not visited
+        frozen weights (a model's hundreds) are left to bridge/frozen.py, and not visited
         here (per call, on cold caches, visiting them cost ~0.2 ms on ResNet-50)."""
         n = len(args)
         order = self._dynamic_order.get(n)
@@ -230,32 +191,16 @@ class GraphRunner:
         return tuple(key), None
 
     def _specialization(self, key: tuple, args):
-        with self._lock:
+        with self._specs.lock:
             self._check_frozen(args)
-            if key in self._specs:
-                self._specs.move_to_end(key)
-                return self._specs[key]
-            spec = self._compile(args)
-            self._specs[key] = spec
-            while len(self._specs) > MAX_SPECIALIZATIONS:
-                self._specs.popitem(last=False)
-            return spec
+            return self._specs.get_or_build(key, lambda: self._compile(args))
 
     def _check_frozen(self, args) -> None:
-        """Frozen weights changed since they were baked in: drop every specialization."""
-        if not self.static:
-            return
-        weights = [args[i] for i in self._static_order]
-        if all(map(torch.is_tensor, weights)):  # maps over C functions: no Python frame each
-            state = (list(map(torch.Tensor.data_ptr, weights)),
-                     list(map(_VERSION, weights)))
-        else:
-            state = [(a.data_ptr(), a._version) if isinstance(a, torch.Tensor) else None
-                     for a in weights]
-        if self._frozen_state is not None and state != self._frozen_state:
+        """Frozen weights changed since they were compiled in (bridge/frozen.py: storage,
+        version counters, a sampled fingerprint): drop every specialization."""
+        if self._frozen is not None and self._frozen.changed(args):
             log.info("braze: frozen weights of graph %s changed; compiling it again", self.name)
             self._specs.clear()
-        self._frozen_state = state
 
     def _compile(self, args):
         from compiler import gc_paused
@@ -268,10 +213,11 @@ class GraphRunner:
             if self.opts.allow_fallback:  # a limit of braze's IR, not a failure: INFO
                 log.info("braze: graph %s runs on torch: %s", self.name, e)
                 return None
+            error = driver.refused(str(e))
             if self.opts.strict:
-                raise CompileError(f"{e} (allow_fallback=False)") from None
-            log.warning("braze: could not compile graph %s (%s (allow_fallback=False)); "
-                        "running it eagerly", self.name, e)
+                raise error from None
+            log.warning("braze: could not compile graph %s (%s); running it eagerly",
+                        self.name, error)
             return None
         except Exception as e:
             if self.opts.strict:
@@ -325,18 +271,16 @@ class _Specialization:
         vals = concrete_vals(runner.gm, args) if runner.dynamic else None
         self.imported = imported = import_fx(runner.gm, args, frozen, vals, runner.name)
         self.input_indices = imported.input_indices
-        graph = imported.graph
-        dump(opts, runner.name, "import.ir", str(graph))
-        run_pipeline(graph)
-        run_target_passes(graph, opts.target)
-        self.clusters = partition(graph, codegen_supports(opts.target))
-        dump(opts, runner.name, "opt.ir", str(graph))
-        dump(opts, runner.name, "clusters.txt", describe_partition(self.clusters))
-        if not opts.allow_fallback and (why := first_refusal(self.clusters)):
-            raise CompileError(f"{why} (allow_fallback=False)")
+        dump(opts, runner.name, "import.ir", str(imported.graph))
+        plan = driver.plan(imported.graph, opts.target, opts.allow_fallback)
+        self.clusters = plan.clusters
+        dump(opts, runner.name, "opt.ir", str(plan.graph))
+        dump(opts, runner.name, "clusters.txt", plan.describe())
+        plan.check()
         _log_host_nodes(runner.name, self.clusters)
-        self.executable = build_executable(
-            graph, self.clusters, lambda c: _make_step(c, graph, imported.host_ops, runner))
+        self.parts = _TorchSteps(runner, imported.host_ops).parts(plan)
+        self.executable = build_executable(plan.graph, self.clusters,
+                                           [p.step for p in self.parts])
 
     def run(self, args) -> list:
         from runtime.fallback_torch import to_torch
@@ -364,26 +308,38 @@ def _frozen_arrays(static: frozenset, args) -> dict:
     return frozen
 
 
-def _make_step(cluster, graph, host_ops: dict, runner: GraphRunner):
-    """A cluster's runtime step: braze's kernels (numpy in and out) or eager torch."""
-    from runtime.fallback_torch import TorchHostStep, to_numpy
+class _TorchSteps(Steps):
+    """The torch front end's steps: eager torch for host clusters, braze's kernels fed
+    numpy views of the tensors; a cluster braze fails to compile runs on torch too
+    (logged), unless `strict`. Compiled code is not kept on disk (it never has been on
+    this front end)."""
 
-    sub = outline(graph, cluster)
-    if not cluster.compiled:
-        return TorchHostStep(sub, host_ops)
-    try:
-        from compiler.codegen import compile_graph
-        from runtime.cpu import CpuStep
+    def __init__(self, runner: GraphRunner, host_ops: dict):
+        from runtime.fallback_torch import TorchHostStep
 
-        compiled = CpuStep(compile_graph(sub, target=runner.opts.target), runner.opts.threads)
-    except Exception as e:
-        if runner.opts.strict:
-            raise
-        log.warning("braze: codegen failed for %s of graph %s (%s: %s); torch runs it",
-                    sub.name, runner.name, type(e).__name__, e)
-        return TorchHostStep(sub, host_ops)
-    dump(runner.opts, runner.name, f"{sub.name}.ll", str(getattr(compiled, "llvm_ir", "")))
-    run = compiled.run
+        super().__init__(runner.opts, lambda sub: TorchHostStep(sub, host_ops),
+                         adapt=_numpy_args)
+        self.name = runner.name
+
+    def part(self, sub: Graph, compiled: bool) -> Part:
+        if not compiled:
+            return super().part(sub, False)
+        try:
+            part = super().part(sub, True)
+        except Exception as e:
+            if self.opts.strict:
+                raise
+            log.warning("braze: codegen failed for %s of graph %s (%s: %s); torch runs it",
+                        sub.name, self.name, type(e).__name__, e)
+            return super().part(sub, False)
+        dump(self.opts, self.name, f"{sub.name}.ll", str(getattr(part.compiled, "llvm_ir", "")))
+        return part
+
+
+def _numpy_args(run):
+    """A compiled cluster's step taking torch tensors (numpy views of them, no copies)."""
+    from runtime.fallback_torch import to_numpy
+
     return lambda args: run([to_numpy(a) for a in args])
 
 
@@ -394,8 +350,7 @@ def _log_host_nodes(name: str, clusters) -> None:
         if c.compiled:
             continue
         for n in c.nodes:
-            label = n.label
-            seen[(label, c.reasons[n])] += 1
+            seen[(n.label, c.reasons[n])] += 1
     for (label, reason), count in seen.items():
         times = f" ({count} nodes)" if count > 1 else ""
         log.info("braze: graph %s: %s runs on torch%s: %s", name, label, times, reason)

@@ -2,7 +2,7 @@
 
 They live in compiler/ (framework-free) so importers, compiler, runtime and
 bridge all share them; bridge re-exports them. A message names the problem and,
-where there is one, the node and op (see DESIGN.md, "Errors and bad input").
+where there is one, the node and op (docs/DESIGN.md, "Errors").
 """
 
 import functools

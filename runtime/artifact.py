@@ -354,14 +354,17 @@ def executable_data(exe: Executable, writer: ArtifactWriter, step_data) -> dict:
     }
 
 
-def load_executable(data: dict, reader: ArtifactReader, load_step) -> Executable:
-    """The Executable `executable_data` described; `load_step(step data) -> fn`."""
+def load_executable(data: dict, reader: ArtifactReader, fns: list) -> Executable:
+    """The Executable `executable_data` described, running `fns[i]` as its step i (the
+    caller rebuilt them from the steps' data)."""
     n = data["slots"]
+    if len(fns) != len(data["steps"]):
+        reader.fail(f"malformed manifest: {len(data['steps'])} steps, {len(fns)} rebuilt")
     steps = []
-    for st in data["steps"]:
+    for st, fn in zip(data["steps"], fns):
         slots = (tuple(st["args"]), tuple(st["results"]), tuple(st["frees"]))
         _check_slots(reader, n, *slots)
-        steps.append(Step(load_step(st), *slots, label=st["label"]))
+        steps.append(Step(fn, *slots, label=st["label"]))
     constants = {s: reader.tensor(name) for s, name in data["constants"]}
     _check_slots(reader, n, data["inputs"], data["outputs"], constants)
     return Executable(n, data["inputs"], data["outputs"], constants, steps)

@@ -1,11 +1,12 @@
 """An Executable: ordered steps over numbered value slots, run in a tight loop.
 
-Built once from a partitioned graph (`build_executable`); `run` fills the input
-slots, calls each step with its argument slots, and drops every intermediate
-the moment its last reader has run (liveness computed at build time), so peak
-memory follows the graph, not its length. Each call has its own slot list, so
-several threads may run one Executable at once (the steps themselves are
-thread-safe: onnxruntime sessions and braze's compiled graphs both are).
+Built once from a partitioned graph and one step per cluster (`build_executable`);
+`run` fills the input slots, calls each step with its argument slots, and drops
+every intermediate the moment its last reader has run (liveness computed at build
+time), so peak memory follows the graph, not its length. Each call has its own
+slot list, so several threads may run one Executable at once (the steps
+themselves are thread-safe: onnxruntime sessions and braze's compiled graphs both
+are).
 Outputs never alias inputs, constants or each other: those are copied.
 """
 
@@ -83,12 +84,14 @@ def _fresh(x):
     return x
 
 
-def build_executable(graph: Graph, clusters: list, make_step: Callable) -> Executable:
-    """Steps for `clusters` (in order) of `graph`; make_step(cluster) -> StepFn.
+def build_executable(graph: Graph, clusters: list, steps: Sequence[StepFn]) -> Executable:
+    """The Executable running `steps[i]` for `clusters[i]` (in order) of `graph`.
 
     Constants read across clusters are outlined into each cluster's sub-graph, so
     only constants that are graph outputs need slots here.
     """
+    if len(steps) != len(clusters):
+        raise ValueError(f"{len(steps)} steps for {len(clusters)} clusters")
     slots: dict[Value, int] = {}
 
     def slot(v: Value) -> int:
@@ -96,8 +99,8 @@ def build_executable(graph: Graph, clusters: list, make_step: Callable) -> Execu
 
     inputs = [slot(v) for v in graph.inputs]
     plan = []
-    for c in clusters:
-        plan.append((make_step(c), [slot(v) for v in c.inputs], [slot(v) for v in c.outputs],
+    for c, fn in zip(clusters, steps):
+        plan.append((fn, [slot(v) for v in c.inputs], [slot(v) for v in c.outputs],
                      f"{c.kind} cluster {c.id}"))
     constants = {}
     for v in graph.outputs:

@@ -15,7 +15,7 @@ assignment, for one choice of layout):
 
 A ResNet is then one transpose of the image in, and the pooled features out
 (where the transpose only moves 1-sized dims: a reshape). The pass runs for a
-target, before clustering (bridge/onnx_api.plan), not in the generic pipeline:
+target, before clustering (compiler/driver.py, TARGET_PASSES), not in the generic pipeline:
 `braze optimize` writes standard NCHW ONNX.
 """
 

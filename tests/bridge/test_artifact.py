@@ -313,7 +313,7 @@ def test_code_compiled_in_parallel_parts_saves_and_loads(tmp_path, monkeypatch):
     m = bridge.compile_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     x = rng.standard_normal((32, 64)).astype(np.float32)
     want = m(x)[0]
-    (part,) = [cg for _, cg in m.saved_specializations()[0].parts if cg is not None]
+    (part,) = [p.compiled for p in m.saved_specializations()[0].parts if p.compiled is not None]
     assert len(llvm_cpu.split_objects(part.object_code)) == 2
     m.save(tmp_path / "p.braze")
     np.testing.assert_array_equal(bridge.load(tmp_path / "p.braze")(x)[0], want)

@@ -87,7 +87,7 @@ def test_bad_calls_raise_input_error(call, words):
 
 
 def test_unknown_option_and_target():
-    with pytest.raises(bridge.BrazeError, match="unknown option"):
+    with pytest.raises(bridge.BrazeError, match="unknown braze option"):
         bridge.compile_onnx(_mlp(), fast=True)
     with pytest.raises(bridge.BrazeError, match="unknown target"):
         bridge.compile_onnx(_mlp(), target="tpu")
@@ -183,9 +183,9 @@ def test_explain_data_is_the_structured_form():
 
 
 def test_specializations_are_bounded(monkeypatch):
-    import bridge.onnx_api as api
+    import bridge.specializations
 
-    monkeypatch.setattr(api, "MAX_SPECIALIZATIONS", 2)
+    monkeypatch.setattr(bridge.specializations, "MAX_SPECIALIZATIONS", 2)
     m = bridge.compile_onnx(_mlp())
     for n in (1, 2, 3, 1):
         m(*_inputs(n))

@@ -32,7 +32,7 @@ def test_prepare_runs_lists_and_dicts():
 def test_prepare_takes_serialized_models_and_options():
     rep = backend.prepare(_add_relu().SerializeToString(), allow_fallback=False, threads=1)
     np.testing.assert_array_equal(rep.run([A, B])[0], WANT)
-    with pytest.raises(BrazeError, match="unknown option"):
+    with pytest.raises(BrazeError, match="unknown braze option"):
         backend.prepare(_add_relu(), turbo=True)
 
 

@@ -256,7 +256,9 @@ def test_dynamic_shapes_specialize_per_shape():
 def test_specializations_are_bounded():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from bridge.torch_backend import MAX_SPECIALIZATIONS, GraphRunner, TorchOptions
+    from bridge.options import TorchOptions
+    from bridge.specializations import MAX_SPECIALIZATIONS
+    from bridge.torch_backend import GraphRunner
 
     gm = make_fx(lambda x: (torch.exp(x) + 1,), tracing_mode="symbolic")(torch.randn(3))
     runner = GraphRunner(gm, "t", (), TorchOptions(strict=True))

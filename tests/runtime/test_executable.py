@@ -42,7 +42,8 @@ class _Recorder:
 def _build(g: Graph, log=None, alive=None):
     log = [] if log is None else log
     alive = {} if alive is None else alive
-    return build_executable(g, singletons(g), lambda c: _Recorder(outline(g, c), log, alive))
+    clusters = singletons(g)
+    return build_executable(g, clusters, [_Recorder(outline(g, c), log, alive) for c in clusters])
 
 
 def test_runs_in_order_and_matches_the_interpreter():
@@ -79,8 +80,9 @@ def test_outputs_never_alias_inputs_constants_or_each_other():
 
 def test_several_threads_share_one_executable():
     g = _chain()
-    exe = build_executable(g, singletons(g),
-                           lambda c: _slow(OnnxHostStep(outline(g, c), threads=1)))
+    clusters = singletons(g)
+    exe = build_executable(g, clusters,
+                           [_slow(OnnxHostStep(outline(g, c), threads=1)) for c in clusters])
     inputs = [np.full(4, i, np.float32) for i in range(8)]
     results = [None] * len(inputs)
 

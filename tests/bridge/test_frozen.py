@@ -1,0 +1,130 @@
+"""Frozen weights changed after compiling (issue 16, item 2): every in-place update is
+seen, including those through `.data` that bump no version counter, and the graph is
+compiled again with the new weights; the answer no longer depends on call history."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+from bridge.frozen import SAMPLES, Fingerprint, FrozenWeights
+
+RTOL, ATOL = 1e-4, 1e-5
+
+DATA_WRITES = {
+    "mul_": lambda p: p.data.mul_(2),
+    "copy_": lambda p: p.data.copy_(torch.randn_like(p)),
+    "setitem": lambda p: p.data.__setitem__(slice(None), torch.randn_like(p)),
+    "ema": lambda p: p.data.mul_(0.99).add_(0.01 * torch.randn_like(p)),
+    "zero_": lambda p: p.data.zero_(),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def _compiled(m):
+    return torch.compile(m, backend="braze", options={"strict": True})
+
+
+@pytest.mark.parametrize("write", list(DATA_WRITES))
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_writes_through_data_recompile(write, which, caplog):
+    m = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 8)).eval()
+    c = _compiled(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+        p = getattr(m[0], which)
+        version = p._version
+        DATA_WRITES[write](p)
+        assert p._version == version  # torch's counter did not see it: the fingerprint must
+        with caplog.at_level(logging.INFO, logger="braze"):
+            torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+    assert any("frozen weights" in r.getMessage() for r in caplog.records)
+
+
+def test_answer_does_not_depend_on_call_history():
+    """Before: a new input shape recompiled with the new weights, the old shape kept the
+    old ones, so two calls with the same weights gave different answers."""
+    m = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).eval()
+    c = _compiled(m)
+    a, b = torch.randn(2, 8), torch.randn(3, 8)
+    with torch.no_grad():
+        c(a)
+        m[0].weight.data.mul_(-1.5)
+        torch.testing.assert_close(c(b), m(b), rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(c(a), m(a), rtol=RTOL, atol=ATOL)
+
+
+def test_channels_last_conv_weights_and_batch_norm_buffers():
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    m = m.to(memory_format=torch.channels_last)
+    assert not m[0].weight.is_contiguous()
+    c = _compiled(m)
+    x = torch.randn(1, 3, 10, 10)
+    with torch.no_grad():
+        c(x)
+        m[0].weight.data.mul_(0.5)
+        torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+        m[1].running_var.data.copy_(torch.rand(8) + 0.5)
+        torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+
+
+def test_unchanged_weights_do_not_recompile(caplog):
+    """NaN weights compare equal to themselves (bitwise), so nothing recompiles per call."""
+    m = nn.Sequential(nn.Linear(4, 4)).eval()
+    with torch.no_grad():
+        m[0].bias[1] = float("nan")
+    c = _compiled(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="braze"):
+        for _ in range(3):
+            torch.testing.assert_close(c(x), m(x), equal_nan=True)
+    assert not any("frozen weights" in r.getMessage() for r in caplog.records)
+
+
+# -- the fingerprint itself -----------------------------------------------------
+
+@pytest.mark.parametrize("t", [
+    torch.randn(1000), torch.randn(6, 5, 3, 3).to(memory_format=torch.channels_last),
+    torch.arange(40, dtype=torch.int64), torch.rand(33) > 0.5,
+    torch.randn(7, dtype=torch.float64), torch.randn(20, 20).t(),
+    torch.randn(30)[::2],  # not one dense block: sampled through a copy
+], ids=["f32", "channels_last", "i64", "bool", "f64", "transposed", "gapped"])
+def test_fingerprint_sees_whole_tensor_writes_in_place(t):
+    fp = Fingerprint([t, torch.zeros(0)])
+    assert fp.same()
+    if t.dtype == torch.bool:
+        t.logical_not_()
+    else:
+        t.mul_(3).add_(1)
+    assert not fp.same()
+
+
+def test_fingerprint_samples_a_few_elements_spread_over_the_tensor():
+    """What is not seen (README says so): an element between two sampled ones."""
+    t = torch.zeros(1000)
+    fp = Fingerprint([t])
+    assert SAMPLES <= len(fp._bytes) // 4 <= 2 * SAMPLES  # 4 bytes per float32 sampled
+    t[1] = 5.0  # between the samples at 0 and 142
+    assert fp.same()
+    t[0] = 5.0
+    assert not fp.same()
+
+
+def test_frozen_weights_first_call_then_changes():
+    w = [torch.randn(5), torch.randn(3)]
+    fw = FrozenWeights([0, 2])
+    args = [w[0], torch.randn(2), w[1]]
+    assert not fw.changed(args) and not fw.changed(args)
+    w[1].data.mul_(2)
+    assert fw.changed(args) and not fw.changed(args)
+    args[0] = torch.randn(5)  # another tensor: another storage
+    assert fw.changed(args)
