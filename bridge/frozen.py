@@ -179,8 +179,9 @@ class _Native:
 
     def __init__(self):
         from compiler.codegen import llvm_cpu
+        from runtime.cpu import JitModule
 
-        self._jit = llvm_cpu.JitModule(object_code=llvm_cpu.compile_ir(_NATIVE_IR))
+        self._jit = JitModule(object_code=llvm_cpu.compile_ir(_NATIVE_IR))
         args = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
         self.gather = ctypes.CFUNCTYPE(None, *args)(self._jit.address("gather"))
         self.first_difference = ctypes.CFUNCTYPE(ctypes.c_int64, *args)(
