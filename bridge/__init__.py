@@ -5,6 +5,7 @@
     y, = m(x)
     m.save("model.braze")                  # every shape compiled so far, one file
     m2 = bridge.load("model.braze")        # in another process: no recompiling
+    m.export_c("out", name="model")        # model.h, libmodel.a/.so: runs with no Python
 """
 
 from bridge.artifact import LoadedModel, load
@@ -15,6 +16,7 @@ from compiler.errors import (
     BrazeIndexError,
     CompileError,
     DivisionByZeroError,
+    ExportRefused,
     HostOpError,
     InputError,
     InvalidModelError,
@@ -30,6 +32,7 @@ __all__ = [
     "CompileError",
     "CompiledOnnxModel",
     "DivisionByZeroError",
+    "ExportRefused",
     "HostOpError",
     "InputError",
     "InvalidModelError",

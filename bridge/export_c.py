@@ -30,17 +30,12 @@ import numpy as np
 
 from compiler import __version__, dtypes
 from compiler.codegen.memory import ALIGN, padded_bytes
-from compiler.errors import BrazeError, CompileError
+from compiler.errors import BrazeError, CompileError, ExportRefused
 from compiler.ir import Graph, Value
 
 # C element type of each IR dtype a library's inputs and outputs may have
 C_TYPES = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t",
            "i8": "int8_t", "u8": "uint8_t", "bool": "uint8_t", "f16": "uint16_t"}
-
-
-class ExportRefused(BrazeError):
-    """The model cannot become a C library: it has nodes braze does not compile (each
-    named, with its reason), or an input or output type C cannot take."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main
-from bridge.export_c import ExportRefused
+from bridge import ExportRefused
 
 CC = shutil.which("cc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no system C compiler `cc` on PATH: the "
@@ -203,3 +203,20 @@ def test_cli_emit_c(tmp_path, capsys):
     want = bridge.compile_onnx(model, threads=1)(x)[0]
     got = _run_c(tmp_path / "out", "sm", x, want.shape, static=True)
     assert np.array_equal(got, want)
+
+
+@needs_cc
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler `c++` on PATH")
+def test_header_and_library_work_from_cpp(tmp_path):
+    x = RNG.standard_normal((8, 64)).astype(np.float32)
+    compiled = bridge.compile_onnx(mlp(), threads=1)
+    want = compiled(x)[0]
+    compiled.export_c(tmp_path, name="mlp")
+    (tmp_path / "main.cpp").write_text(MAIN_C.replace("NAME_UP", "MLP").replace("NAME", "mlp")
+                                       .replace("void *scratch = malloc",
+                                                "void *scratch = (void *)malloc"))
+    subprocess.run(["c++", "-O2", "main.cpp", "-I.", "libmlp.a", "-lm", "-o", "m"],
+                   cwd=tmp_path, check=True)
+    x.tofile(tmp_path / "x.bin")
+    subprocess.run(["./m", "x.bin", "y.bin"], cwd=tmp_path, check=True)
+    assert np.array_equal(np.fromfile(tmp_path / "y.bin", np.float32).reshape(want.shape), want)
