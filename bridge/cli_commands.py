@@ -239,7 +239,8 @@ def _compile_c(args) -> int:
     compiled = bridge.compile_onnx(model, allow_fallback=False)
     name = args.name or Path(args.input).stem
     files = compiled.export_c(args.output, name=name, input_shapes=shapes,
-                              threads=1 if args.threads is None else args.threads)
+                              threads=1 if args.threads is None else args.threads,
+                              triple=args.triple, cpu=args.cpu)
     print(f"{args.input} -> {args.output} ({time.perf_counter() - t0:.1f} s)")
     for path in files.values():
         print(f"  {path} ({path.stat().st_size / 1e6:.3f} MB)")

@@ -61,24 +61,39 @@ class _Layout:
 
 
 def export_c(compiled, outdir, name: str | None = None, input_shapes: dict | None = None,
-             threads: int = 1, cc: str | None = None) -> dict:
+             threads: int = 1, triple: str | None = None, cpu: str | None = None,
+             cc: str | None = None) -> dict:
     """Write the C library of `compiled` (a CompiledOnnxModel) for `input_shapes` (default:
-    the model's static shapes) into `outdir`; returns {what: path} of the files written."""
+    the model's static shapes) into `outdir`, for this machine or for `triple` and `cpu`
+    (built with the `TRIPLE-gcc` and `TRIPLE-ar` cross tools); returns {what: path} of
+    the files written."""
     name = _c_name(name or compiled._model.graph.name or "model")
     if not isinstance(threads, int) or threads < 1:
         raise BrazeError(f"threads must be a positive integer, got {threads!r}")
-    cc = cc or os.environ.get("CC") or "cc"
-    if shutil.which(cc) is None:
-        raise BrazeError(f"no C compiler {cc!r} found: export_c compiles its driver with it "
-                         "(set CC or install cc)")
+    tools = _tools(cc, triple)
     graph, names = _plan_graph(compiled, input_shapes or {})
     clusters = _compiled_clusters(graph)
-    objects, steps, layout = _lower(graph, clusters, name, threads)
+    objects, steps, layout = _lower(graph, clusters, name, threads, triple, cpu)
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     header = _header(graph, names, name, layout, threads)
     driver = _driver(graph, name, steps, layout)
-    return _build(out, name, header, driver, objects, layout, threads, cc)
+    return _build(out, name, header, driver, objects, layout, threads, tools)
+
+
+def _tools(cc: str | None, triple: str | None) -> tuple[str, str]:
+    """(C compiler, archiver): for a cross triple, its GNU tools."""
+    if triple is None:
+        cc, ar = cc or os.environ.get("CC") or "cc", "ar"
+    else:
+        cc, ar = cc or f"{triple}-gcc", f"{triple}-ar"
+    for tool in (cc, ar):
+        if shutil.which(tool) is None:
+            raise BrazeError(f"no {tool!r} found: export_c builds the library's driver and "
+                             "archive with it" + (f" (install a cross toolchain for {triple}, "
+                                                  "e.g. Debian's gcc-aarch64-linux-gnu)"
+                                                  if triple else " (set CC or install cc)"))
+    return cc, ar
 
 
 # -- planning -----------------------------------------------------------------------
@@ -113,7 +128,7 @@ def _compiled_clusters(graph: Graph) -> list:
     return clusters
 
 
-def _lower(graph: Graph, clusters: list, name: str, threads: int) -> tuple:
+def _lower(graph: Graph, clusters: list, name: str, threads: int, triple, cpu) -> tuple:
     """Object code per cluster, the driver's steps (C statements per cluster) and the
     layout of values, arena and weights."""
     from compiler.codegen import supports
@@ -136,7 +151,8 @@ def _lower(graph: Graph, clusters: list, name: str, threads: int) -> tuple:
                 raise CompileError(f"cannot compile {n.describe()} for cpu: {reason}")
         program = CpuProgram.from_object_code(sub, b"")
         prefix = f"{name}_c{k}"
-        objects.append((f"{prefix}.o", library_object(program.llvm_ir, prefix, threads)))
+        objects.append((f"{prefix}.o", library_object(program.llvm_ir, prefix, threads,
+                                                               triple, cpu)))
         for v in c.outputs:
             if v not in layout.where:
                 layout.where[v] = first_out.get(v) or layout.scratch_value(v)
@@ -270,16 +286,17 @@ def _driver(graph: Graph, name: str, steps: list, layout: _Layout) -> str:
 
 def _weights_asm(name: str) -> str:
     return "\n".join([".section .rodata", f".balign {ALIGN}", f".globl {name}_weights",
-                      f".hidden {name}_weights", f".type {name}_weights, @object",
+                      f".hidden {name}_weights", f".type {name}_weights, %object",
                       f"{name}_weights:", f'.incbin "{name}_weights.bin"', ".byte 0",
-                      '.section .note.GNU-stack,"",@progbits', ""])
+                      '.section .note.GNU-stack,"",%progbits', ""])
 
 
 # -- building ------------------------------------------------------------------------------
 
 
 def _build(out: Path, name: str, header: str, driver: str, objects: list, layout: _Layout,
-           threads: int, cc: str) -> dict:
+           threads: int, tools: tuple[str, str]) -> dict:
+    cc, ar = tools
     libs = ["-lm"] + (["-lgomp"] if threads > 1 else [])
     with tempfile.TemporaryDirectory(prefix="braze-export-") as tmp:
         work = Path(tmp)
@@ -299,17 +316,17 @@ def _build(out: Path, name: str, header: str, driver: str, objects: list, layout
         for src in (f"{name}_driver.c", f"{name}_weights.S"):
             _run([cc, "-O2", "-fPIC", "-c", src], work)
         objs += [f"{name}_driver.o", f"{name}_weights.o"]
-        _run(["ar", "rcs", str(out.resolve() / f"lib{name}.a"), *objs], work)
+        _run([ar, "rcs", str(out.resolve() / f"lib{name}.a"), *objs], work)
         _run([cc, "-shared", "-o", str(out.resolve() / f"lib{name}.so"), *objs, *libs], work)
         shutil.copy(work / f"{name}_driver.c", out / f"{name}_driver.c")
-    readme = _readme(name, libs, layout)
+    readme = _readme(name, libs, layout, cc)
     (out / "README.txt").write_text(readme)
     return {"header": out / f"{name}.h", "static": out / f"lib{name}.a",
             "shared": out / f"lib{name}.so", "driver": out / f"{name}_driver.c",
             "readme": out / "README.txt"}
 
 
-def _readme(name: str, libs: list, layout: _Layout) -> str:
+def _readme(name: str, libs: list, layout: _Layout, cc: str) -> str:
     lib = " ".join(libs)
     return "\n".join([
         f"{name}: a model compiled ahead of time by braze {__version__}.",
@@ -321,9 +338,9 @@ def _readme(name: str, libs: list, layout: _Layout) -> str:
         f"{name}_driver.c  the generated driver (for reading; it is already in both libraries)",
         "",
         "Link a program statically:",
-        f"  cc -O2 main.c -I. libNAME.a {lib}".replace("NAME", name),
+        f"  {cc} -O2 main.c -I. lib{name}.a {lib}",
         "or against the shared library:",
-        f"  cc -O2 main.c -I. -L. -l{name} {lib} -Wl,-rpath,'$ORIGIN'",
+        f"  {cc} -O2 main.c -I. -L. -l{name} {lib} -Wl,-rpath,'$ORIGIN'",
         ""])
 
 

@@ -10,9 +10,16 @@ pipeline, hence the same arithmetic), then, before emission:
   `GOMP_parallel` when given more than one thread, so a one-thread library links and
   runs without libgomp;
 and the object is emitted position-independent (a shared object needs it).
+
+Cross-compiling: with a `triple` (and `cpu`) other than the host's, the same module is
+optimized and emitted for that target (e.g. aarch64-linux-gnu, neoverse-n1). braze's
+kernels are written with 16-lane vectors, which LLVM legalizes for any target (correct
+everywhere, tuned for AVX-512 hosts).
 """
 
 from __future__ import annotations
+
+import functools
 
 import llvmlite.binding as llvm
 
@@ -23,17 +30,20 @@ ENTRY = "run"  # the entry point compiled.CpuProgram's code exports
 OPENMP = ("GOMP_parallel", "omp_get_num_threads", "omp_get_thread_num")
 
 
-def library_object(llvm_ir: str, prefix: str, threads: int) -> bytes:
-    """Position-independent object code of one cluster's module for the host CPU, whose
-    only global definition is `<prefix>_run(void **table, int32 threads)`."""
+def library_object(llvm_ir: str, prefix: str, threads: int, triple: str | None = None,
+                   cpu: str | None = None) -> bytes:
+    """Position-independent object code of one cluster's module (for the host CPU, or
+    `triple`/`cpu`), whose only global definition is `<prefix>_run(void **table, int32
+    threads)`."""
+    machine = pic_machine(triple, cpu)
     try:
-        module = llvm_cpu.optimize(llvm_ir)
+        module = llvm_cpu.optimize(llvm_ir, None if triple is None else machine)
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected braze's IR: {e}") from None
     _internalize(module, prefix)
     if threads == 1:
         _weaken_openmp(module)
-    return _pic_machine().emit_object(module)
+    return machine.emit_object(module)
 
 
 def _internalize(module: llvm.ModuleRef, prefix: str) -> None:
@@ -55,8 +65,28 @@ def _weaken_openmp(module: llvm.ModuleRef) -> None:
             fn.linkage = llvm.Linkage.external_weak
 
 
-def _pic_machine() -> llvm.TargetMachine:
-    triple, cpu, features = llvm_cpu.host()
-    target = llvm.Target.from_triple(triple)
+def pic_machine(triple: str | None = None, cpu: str | None = None) -> llvm.TargetMachine:
+    """A PIC target machine for the host (its CPU and features), or for `triple` and
+    `cpu` (that CPU's own features; default "generic"). CompileError where LLVM does not
+    know the triple."""
+    host_triple, host_cpu, host_features = llvm_cpu.host()
+    if triple is None:
+        triple = host_triple
+        features = host_features if cpu in (None, host_cpu) else ""
+        cpu = cpu or host_cpu
+    else:
+        features = ""
+        cpu = cpu or "generic"
+    _init_all()
+    try:
+        target = llvm.Target.from_triple(triple)
+    except RuntimeError as e:
+        raise CompileError(f"LLVM cannot compile for triple {triple!r}: {e}") from None
     return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
                                         codemodel="default")
+
+
+@functools.cache
+def _init_all() -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()

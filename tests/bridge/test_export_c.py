@@ -220,3 +220,38 @@ def test_header_and_library_work_from_cpp(tmp_path):
     x.tofile(tmp_path / "x.bin")
     subprocess.run(["./m", "x.bin", "y.bin"], cwd=tmp_path, check=True)
     assert np.array_equal(np.fromfile(tmp_path / "y.bin", np.float32).reshape(want.shape), want)
+
+
+CROSS = "aarch64-linux-gnu"
+needs_cross = pytest.mark.skipif(
+    shutil.which(f"{CROSS}-gcc") is None or shutil.which("qemu-aarch64") is None,
+    reason=f"cross-compiling needs {CROSS}-gcc and qemu-aarch64 (Debian packages "
+    "gcc-aarch64-linux-gnu and qemu-user; `make test-cross` installs them and runs this)")
+
+
+@pytest.mark.cross
+@needs_cross
+@pytest.mark.parametrize("make", [mlp, conv_bn, softmax], ids=["mlp", "conv_bn", "softmax"])
+def test_cross_compiled_library_runs_under_qemu(make, tmp_path):
+    """--triple aarch64-linux-gnu --cpu neoverse-n1: an Arm ELF library; a program linked
+    by the cross gcc runs under qemu-aarch64 and agrees with this machine's run."""
+    model = make()
+    name = model.graph.name
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    out = tmp_path / "out"
+    assert main(["compile", str(path), "--emit", "c", "-o", str(out), "--name", name,
+                 "--triple", CROSS, "--cpu", "neoverse-n1"]) == 0
+    elf = subprocess.run(["readelf", "-h", str(out / f"lib{name}.so")], capture_output=True,
+                         text=True, check=True).stdout
+    assert "AArch64" in elf, elf
+    (out / "main.c").write_text(MAIN_C.replace("NAME_UP", name.upper()).replace("NAME", name))
+    subprocess.run([f"{CROSS}-gcc", "-O2", "-static", "main.c", "-I.", f"lib{name}.a", "-lm",
+                    "-o", "m"], cwd=out, check=True)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x.tofile(out / "x.bin")
+    subprocess.run(["qemu-aarch64", "./m", "x.bin", "y.bin"], cwd=out, check=True)
+    want = bridge.compile_onnx(model, threads=1)(x)[0]
+    got = np.fromfile(out / "y.bin", np.float32).reshape(want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
