@@ -255,3 +255,15 @@ def test_cross_compiled_library_runs_under_qemu(make, tmp_path):
     want = bridge.compile_onnx(model, threads=1)(x)[0]
     got = np.fromfile(out / "y.bin", np.float32).reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_missing_compiler_is_a_braze_error_with_the_reason(tmp_path, capsys):
+    from bridge.export_c import export_c
+
+    with pytest.raises(bridge.BrazeError, match="no 'no-such-cc' found"):
+        export_c(bridge.compile_onnx(mlp()), tmp_path, name="mlp", cc="no-such-cc")
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), path)
+    assert main(["compile", str(path), "-o", str(tmp_path / "x.braze"), "--triple",
+                 CROSS]) == 1
+    assert "--triple is for --emit c" in capsys.readouterr().err
