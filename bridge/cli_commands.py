@@ -231,16 +231,17 @@ def _compile_c(args) -> int:
     """`braze compile --emit c`: a C header and library (bridge/export_c.py)."""
     import bridge
     from bridge.cli import parse_shapes
+    from compiler.target import spec_of
     from importers.onnx import load_model
 
     t0 = time.perf_counter()
     model = load_model(Path(args.input))
     shapes = concrete_shapes(model, parse_shapes(args.shape))
-    compiled = bridge.compile_onnx(model, allow_fallback=False)
+    compiled = bridge.compile_onnx(model, target=spec_of(args.cpu, args.triple),
+                                   allow_fallback=False)
     name = args.name or Path(args.input).stem
     files = compiled.export_c(args.output, name=name, input_shapes=shapes,
-                              threads=1 if args.threads is None else args.threads,
-                              triple=args.triple, cpu=args.cpu)
+                              threads=1 if args.threads is None else args.threads)
     print(f"{args.input} -> {args.output} ({time.perf_counter() - t0:.1f} s)")
     for path in files.values():
         print(f"  {path} ({path.stat().st_size / 1e6:.3f} MB)")

@@ -61,19 +61,25 @@ class _Layout:
 
 
 def export_c(compiled, outdir, name: str | None = None, input_shapes: dict | None = None,
-             threads: int = 1, triple: str | None = None, cpu: str | None = None,
-             cc: str | None = None) -> dict:
+             threads: int = 1, cc: str | None = None) -> dict:
     """Write the C library of `compiled` (a CompiledOnnxModel) for `input_shapes` (default:
-    the model's static shapes) into `outdir`, for this machine or for `triple` and `cpu`
-    (built with the `TRIPLE-gcc` and `TRIPLE-ar` cross tools); returns {what: path} of
-    the files written."""
+    the model's static shapes) into `outdir`, for the CPU it was compiled for (its
+    `target`: this machine, or another, e.g. "cpu:neoverse-n1@aarch64-linux-gnu", built
+    with the GNU cross tools `ARCH-linux-gnu-gcc` and `-ar`); returns {what: path} of the
+    files written."""
+    from compiler.target import kind, parse
+
+    if kind(compiled.target) != "cpu":
+        raise BrazeError(f"a C library runs on a CPU; this model is compiled for "
+                         f"{compiled.target!r}")
+    target = parse(compiled.target)
     name = _c_name(name or compiled._model.graph.name or "model")
     if not isinstance(threads, int) or threads < 1:
         raise BrazeError(f"threads must be a positive integer, got {threads!r}")
-    tools = _tools(cc, triple)
+    tools = _tools(cc, target)
     graph, names = _plan_graph(compiled, input_shapes or {})
-    clusters = _compiled_clusters(graph)
-    objects, steps, layout = _lower(graph, clusters, name, threads, triple, cpu)
+    clusters = _compiled_clusters(graph, compiled.target)
+    objects, steps, layout = _lower(graph, clusters, name, threads, target)
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     header = _header(graph, names, name, layout, threads)
@@ -81,12 +87,19 @@ def export_c(compiled, outdir, name: str | None = None, input_shapes: dict | Non
     return _build(out, name, header, driver, objects, layout, threads, tools)
 
 
-def _tools(cc: str | None, triple: str | None) -> tuple[str, str]:
-    """(C compiler, archiver): for a cross triple, its GNU tools."""
+def _tools(cc: str | None, target) -> tuple[str, str]:
+    """(C compiler, archiver): this machine's, or for another architecture its GNU cross
+    tools (ARCH-linux-gnu-gcc, -ar)."""
+    from compiler.target import arch_of, host
+
+    triple = None if target.arch == arch_of(host().triple) else target.triple
     if triple is None:
         cc, ar = cc or os.environ.get("CC") or "cc", "ar"
     else:
-        cc, ar = cc or f"{triple}-gcc", f"{triple}-ar"
+        if "linux" not in triple:
+            raise BrazeError(f"export_c cross-compiles for Linux only; {triple!r} is not")
+        prefix = f"{target.arch}-linux-gnu"
+        cc, ar = cc or f"{prefix}-gcc", f"{prefix}-ar"
     for tool in (cc, ar):
         if shutil.which(tool) is None:
             raise BrazeError(f"no {tool!r} found: export_c builds the library's driver and "
@@ -113,12 +126,12 @@ def _plan_graph(compiled, given: dict) -> tuple[Graph, dict]:
     return imported.graph, names
 
 
-def _compiled_clusters(graph: Graph) -> list:
+def _compiled_clusters(graph: Graph, target) -> list:
     """The clusters of `graph`, all compiled by braze, or ExportRefused naming each node
     that is not and why."""
     from bridge.onnx_api import plan
 
-    clusters = plan(graph, "cpu", allow_fallback=False)
+    clusters = plan(graph, target, allow_fallback=False)
     host = [(n, c.reasons[n]) for c in clusters if not c.compiled for n in c.nodes]
     if host:
         lines = [f"  {n.label} node {n.name or n.outputs[0].name!r}: {why}" for n, why in host]
@@ -128,7 +141,7 @@ def _compiled_clusters(graph: Graph) -> list:
     return clusters
 
 
-def _lower(graph: Graph, clusters: list, name: str, threads: int, triple, cpu) -> tuple:
+def _lower(graph: Graph, clusters: list, name: str, threads: int, target) -> tuple:
     """Object code per cluster, the driver's steps (C statements per cluster) and the
     layout of values, arena and weights."""
     from compiler.codegen import supports
@@ -146,13 +159,13 @@ def _lower(graph: Graph, clusters: list, name: str, threads: int, triple, cpu) -
     for k, c in enumerate(clusters):
         sub = outline(graph, c)
         for n in sub.nodes:
-            reason = supports(n, "cpu")
+            reason = supports(n, target)
             if reason is not None:
                 raise CompileError(f"cannot compile {n.describe()} for cpu: {reason}")
-        program = CpuProgram.from_object_code(sub, b"")
+        program = CpuProgram.from_object_code(sub, b"", target)
         prefix = f"{name}_c{k}"
         objects.append((f"{prefix}.o", library_object(program.llvm_ir, prefix, threads,
-                                                               triple, cpu)))
+                                                               target)))
         for v in c.outputs:
             if v not in layout.where:
                 layout.where[v] = first_out.get(v) or layout.scratch_value(v)

@@ -290,13 +290,12 @@ class CompiledOnnxModel:
         save_model(self, specs, path)
 
     def export_c(self, outdir, name: str | None = None, input_shapes: dict | None = None,
-                 threads: int = 1, triple: str | None = None, cpu: str | None = None) -> dict:
-        """Write a C header and library running this model with no Python, for this CPU or
-        `triple`/`cpu` (see bridge/export_c.py); returns the paths written."""
+                 threads: int = 1) -> dict:
+        """Write a C header and library running this model with no Python, for the CPU it
+        is compiled for (see bridge/export_c.py); returns the paths written."""
         from bridge.export_c import export_c
 
-        return export_c(self, outdir, name=name, input_shapes=input_shapes, threads=threads,
-                        triple=triple, cpu=cpu)
+        return export_c(self, outdir, name=name, input_shapes=input_shapes, threads=threads)
 
     def saved_specializations(self) -> list[_Specialization]:
         """The specializations save() writes: those with something to run."""

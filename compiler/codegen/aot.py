@@ -11,39 +11,36 @@ pipeline, hence the same arithmetic), then, before emission:
   runs without libgomp;
 and the object is emitted position-independent (a shared object needs it).
 
-Cross-compiling: with a `triple` (and `cpu`) other than the host's, the same module is
-optimized and emitted for that target (e.g. aarch64-linux-gnu, neoverse-n1). braze's
-kernels are written with 16-lane vectors, which LLVM legalizes for any target (correct
-everywhere, tuned for AVX-512 hosts).
+Cross-compiling: for a compiler/target.py Target other than the host (e.g.
+"cpu:neoverse-n1@aarch64-linux-gnu"), the module is rendered for that target (its
+register tile) and optimized and emitted for it.
 """
 
 from __future__ import annotations
 
-import functools
-
 import llvmlite.binding as llvm
 
+from compiler import target as targets
 from compiler.codegen import llvm_cpu
 from compiler.errors import CompileError
+from compiler.target import Target
 
 ENTRY = "run"  # the entry point compiled.CpuProgram's code exports
 OPENMP = ("GOMP_parallel", "omp_get_num_threads", "omp_get_thread_num")
 
 
-def library_object(llvm_ir: str, prefix: str, threads: int, triple: str | None = None,
-                   cpu: str | None = None) -> bytes:
-    """Position-independent object code of one cluster's module (for the host CPU, or
-    `triple`/`cpu`), whose only global definition is `<prefix>_run(void **table, int32
-    threads)`."""
-    machine = pic_machine(triple, cpu)
+def library_object(llvm_ir: str, prefix: str, threads: int, target: Target) -> bytes:
+    """Position-independent object code of one cluster's module for `target` (its IR
+    rendered for that target), whose only global definition is `<prefix>_run(void
+    **table, int32 threads)`."""
     try:
-        module = llvm_cpu.optimize(llvm_ir, None if triple is None else machine)
+        module = llvm_cpu.optimize(llvm_ir, target)
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected braze's IR: {e}") from None
     _internalize(module, prefix)
     if threads == 1:
         _weaken_openmp(module)
-    return machine.emit_object(module)
+    return pic_machine(target).emit_object(module)
 
 
 def _internalize(module: llvm.ModuleRef, prefix: str) -> None:
@@ -65,28 +62,9 @@ def _weaken_openmp(module: llvm.ModuleRef) -> None:
             fn.linkage = llvm.Linkage.external_weak
 
 
-def pic_machine(triple: str | None = None, cpu: str | None = None) -> llvm.TargetMachine:
-    """A PIC target machine for the host (its CPU and features), or for `triple` and
-    `cpu` (that CPU's own features; default "generic"). CompileError where LLVM does not
-    know the triple."""
-    host_triple, host_cpu, host_features = llvm_cpu.host()
-    if triple is None:
-        triple = host_triple
-        features = host_features if cpu in (None, host_cpu) else ""
-        cpu = cpu or host_cpu
-    else:
-        features = ""
-        cpu = cpu or "generic"
-    _init_all()
-    try:
-        target = llvm.Target.from_triple(triple)
-    except RuntimeError as e:
-        raise CompileError(f"LLVM cannot compile for triple {triple!r}: {e}") from None
-    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
-                                        codemodel="default")
-
-
-@functools.cache
-def _init_all() -> None:
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
+def pic_machine(target: Target) -> llvm.TargetMachine:
+    """A target machine for `target` emitting position-independent code (a shared object
+    needs it; the JIT's machine uses the large code model instead)."""
+    targets.init()
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=3, reloc="pic", codemodel="default")
