@@ -9,6 +9,7 @@
 """
 
 from bridge.artifact import LoadedModel, load
+from bridge.export_c import export_c
 from bridge.onnx_api import CompiledOnnxModel, compile_onnx
 from compiler.errors import (
     ArtifactError,
@@ -41,5 +42,6 @@ __all__ = [
     "TargetError",
     "UnsupportedModelError",
     "compile_onnx",
+    "export_c",
     "load",
 ]

@@ -1,7 +1,8 @@
 """A model compiled ahead of time into a C library: header, static and shared library.
 
-`export_c(compiled, outdir, name, input_shapes, threads)` (CompiledOnnxModel.export_c and
-`braze compile --emit c` call it) writes into `outdir`:
+`write_library(compiled, outdir, name, input_shapes, threads)` (CompiledOnnxModel.export_c
+and `braze compile --emit c` call it; `export_c(module, example_inputs, outdir)` does it for
+a torch module, through torch's ONNX exporter) writes into `outdir`:
 - `NAME.h`: inputs' and outputs' names, shapes and dtypes as constants, the scratch size
   (the static memory plan: no allocation inside a call), the thread count it was built
   for, braze's version, and `int NAME_run(inputs..., outputs..., void *scratch)`;
@@ -23,6 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +62,33 @@ class _Layout:
         return f"(W + {at})"
 
 
-def export_c(compiled, outdir, name: str | None = None, input_shapes: dict | None = None,
-             threads: int = 1, cc: str | None = None) -> dict:
+def export_c(module, example_inputs, outdir, name: str | None = None, threads: int = 1,
+             target: str = "cpu") -> dict:
+    """The C library of a torch module at the shapes of `example_inputs` (a tensor or a
+    tuple of them): exported with torch's ONNX exporter (static shapes, inputs in0, in1,
+    ..., outputs out0, ...), then compiled by braze for `target` as `write_library` does."""
+    import torch
+
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (
+        example_inputs,)
+    with tempfile.TemporaryDirectory(prefix="braze-torch-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporter's deprecation notices
+            torch.onnx.export(module, args, str(path),
+                              input_names=[f"in{i}" for i in range(len(args))],
+                              output_names=["out0"], opset_version=17, dynamo=False)
+        from bridge.onnx_api import compile_onnx
+
+        compiled = compile_onnx(str(path), target=target, allow_fallback=False)
+        return write_library(compiled, outdir,
+                             name=name or _c_name(type(module).__name__.lower()),
+                             threads=threads)
+
+
+def write_library(compiled, outdir, name: str | None = None,
+                  input_shapes: dict | None = None, threads: int = 1,
+                  cc: str | None = None) -> dict:
     """Write the C library of `compiled` (a CompiledOnnxModel) for `input_shapes` (default:
     the model's static shapes) into `outdir`, for the CPU it was compiled for (its
     `target`: this machine, or another, e.g. "cpu:neoverse-n1@aarch64-linux-gnu", built

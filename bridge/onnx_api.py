@@ -293,9 +293,10 @@ class CompiledOnnxModel:
                  threads: int = 1) -> dict:
         """Write a C header and library running this model with no Python, for the CPU it
         is compiled for (see bridge/export_c.py); returns the paths written."""
-        from bridge.export_c import export_c
+        from bridge.export_c import write_library
 
-        return export_c(self, outdir, name=name, input_shapes=input_shapes, threads=threads)
+        return write_library(self, outdir, name=name, input_shapes=input_shapes,
+                             threads=threads)
 
     def saved_specializations(self) -> list[_Specialization]:
         """The specializations save() writes: those with something to run."""

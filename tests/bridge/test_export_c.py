@@ -258,11 +258,28 @@ def test_cross_compiled_library_runs_under_qemu(make, tmp_path):
 
 
 def test_missing_compiler_is_a_braze_error_with_the_reason(tmp_path, capsys):
-    from bridge.export_c import export_c
+    from bridge.export_c import write_library
 
     with pytest.raises(bridge.BrazeError, match="no 'no-such-cc' found"):
-        export_c(bridge.compile_onnx(mlp()), tmp_path, name="mlp", cc="no-such-cc")
+        write_library(bridge.compile_onnx(mlp()), tmp_path, name="mlp", cc="no-such-cc")
     path = tmp_path / "mlp.onnx"
     onnx.save(mlp(), path)
     assert main(["compile", str(path), "-o", str(tmp_path / "x.braze"), "--name", "m"]) == 1
     assert "--name is for --emit c" in capsys.readouterr().err
+
+
+@needs_cc
+def test_torch_module_exports_through_bridge_export_c(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                              torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 64, 10),
+                              torch.nn.Softmax(dim=-1)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    files = bridge.export_c(net, (x,), tmp_path, name="tnet")
+    assert "int tnet_run(const float *in0, float *out0, void *scratch);" in \
+        files["header"].read_text()
+    with torch.no_grad():
+        want = net(x).numpy()
+    got = _run_c(tmp_path, "tnet", x.numpy(), want.shape, static=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
