@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from compiler import __version__, dtypes
+from compiler.codegen import faults
 from compiler.codegen.memory import ALIGN, padded_bytes
 from compiler.errors import BrazeError, ExportRefused
 from compiler.ir import Graph, Value
@@ -216,6 +217,8 @@ def _step(program, cluster, prefix: str, threads: str, layout: _Layout) -> list[
         lines.append(f"  t[{slot}] = {layout.weight(a)};")
     for slot, offset in sorted(memory.offsets.items()):
         lines.append(f"  t[{slot}] = a + {offset};")
+    if memory.fault_slot is not None:  # the kernels OR run-time fault codes into it
+        lines.append(f"  t[{memory.fault_slot}] = &fault;")
     lines.append(f"  {prefix}_run(t, {threads});")
     written = set(memory.outputs)
     for sv, v in zip(sub.outputs, cluster.outputs):
@@ -287,8 +290,12 @@ def _header(graph: Graph, names: dict, name: str, layout: _Layout, threads: int)
                       f"#define {p}_RANK {len(v.shape)}",
                       f"#define {p}_SIZE {v.type.size}  /* elements */",
                       f"static const int64_t {p}_SHAPE[] = {{{dims}}};", ""]
-    lines += ["/* Runs the model: inputs and outputs are C-contiguous buffers of the sizes",
-              " * above (outputs are written, never read); returns 0. */",
+    lines += [f"#define {up}_FAULT_INDEX {faults.INDEX}  /* a gather index out of range */",
+              f"#define {up}_FAULT_ZERO_DIVISOR {faults.ZERO_DIVISOR}  "
+              "/* an integer division by 0 */", "",
+              "/* Runs the model: inputs and outputs are C-contiguous buffers of the sizes",
+              " * above (outputs are written, never read); returns 0, or the FAULT_ codes",
+              " * above ORed (the outputs are then computed on clamped values). */",
               _signature(graph, name) + ";", "",
               "#ifdef __cplusplus", "}", "#endif", f"#endif  /* {up}_H */", ""]
     return "\n".join(lines)
@@ -308,6 +315,7 @@ def _driver(graph: Graph, name: str, steps: list, layout: _Layout) -> str:
               f"~(uintptr_t){ALIGN - 1});",
               f"  char *a = s + {layout.values_bytes};  /* the clusters' arena */",
               f"  const char *W = (const char *){name}_weights;",
+              "  int32_t fault = 0;  /* run-time faults (faults.py codes), ORed */",
               "  (void)a; (void)W;"]
     for step in steps:
         lines += ["  " + line for line in step]
@@ -315,7 +323,7 @@ def _driver(graph: Graph, name: str, steps: list, layout: _Layout) -> str:
         src = layout.where[v]
         if src != f"((char *)out{j})":
             lines.append(f"  memcpy(out{j}, {src}, {_nbytes(v)});")
-    lines += ["  return 0;", "}", ""]
+    lines += ["  return fault;", "}", ""]
     return "\n".join(lines)
 
 

@@ -283,3 +283,45 @@ def test_torch_module_exports_through_bridge_export_c(tmp_path):
         want = net(x).numpy()
     got = _run_c(tmp_path, "tnet", x.numpy(), want.shape, static=True)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def gather_model() -> onnx.ModelProto:
+    """y = table[idx] (idx: int64 input), so an index out of range is a run-time fault."""
+    table = _w(10, 4)
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)], "gath",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+        [numpy_helper.from_array(table, "table")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_cc
+def test_run_returns_the_fault_word(tmp_path):
+    """An index out of range: compile_onnx raises BrazeIndexError; the C call returns
+    GATH_FAULT_INDEX (and 0 for indices in range, with compile_onnx's values)."""
+    model = gather_model()
+    compiled = bridge.compile_onnx(model, threads=1)
+    files = compiled.export_c(tmp_path, name="gath")
+    assert "int gath_run(const int64_t *in0, float *out0, void *scratch);" in \
+        files["header"].read_text()
+    (tmp_path / "main.c").write_text(
+        "#include <stdio.h>\n#include <stdlib.h>\n#include \"gath.h\"\n"
+        "int main(int argc, char **argv) {\n"
+        "  int64_t idx[3] = {atoll(argv[1]), 2, -1}; float y[12];\n"
+        "  void *s = malloc(GATH_SCRATCH_BYTES);\n"
+        "  int rc = gath_run(idx, y, s);\n"
+        "  printf(\"%d\\n\", rc);\n"
+        "  for (int i = 0; i < 12; i++) printf(\"%.9g\\n\", y[i]);\n  return 0;\n}\n")
+    subprocess.run([CC, "main.c", "-I.", "libgath.a", "-lm", "-o", "m"], cwd=tmp_path,
+                   check=True)
+    ok = subprocess.run(["./m", "7"], cwd=tmp_path, capture_output=True, text=True,
+                        check=True).stdout.split()
+    assert ok[0] == "0"
+    want = compiled(np.array([7, 2, -1], np.int64))[0]
+    assert np.array_equal(np.array(ok[1:], np.float32).reshape(3, 4), want)
+    bad = subprocess.run(["./m", "12"], cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert bad[0] == "1"  # GATH_FAULT_INDEX
+    with pytest.raises(bridge.BrazeError):
+        compiled(np.array([12, 2, -1], np.int64))
