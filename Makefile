@@ -16,7 +16,7 @@ else
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 endif
 
-.PHONY: test bench venv clean
+.PHONY: test test-cross bench venv clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,14 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup
+
+# Cross-compiled C libraries (braze compile --emit c --triple aarch64-linux-gnu) linked
+# by Debian's cross gcc and run under qemu-aarch64 (installs both; needs root and apt).
+test-cross: $(STAMP)
+	command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends \
+	   gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+	$(PY) -m pytest -q -m cross tests/bridge/test_export_c.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.resnet50 $(if $(CPU),--cpu $(CPU))

@@ -5,9 +5,11 @@
     y, = m(x)
     m.save("model.braze")                  # every shape compiled so far, one file
     m2 = bridge.load("model.braze")        # in another process: no recompiling
+    m.export_c("out", name="model")        # model.h, libmodel.a/.so: runs with no Python
 """
 
 from bridge.artifact import LoadedModel, load
+from bridge.export_c import export_c
 from bridge.onnx_api import CompiledOnnxModel, compile_onnx
 from compiler.errors import (
     ArtifactError,
@@ -15,6 +17,7 @@ from compiler.errors import (
     BrazeIndexError,
     CompileError,
     DivisionByZeroError,
+    ExportRefused,
     HostOpError,
     InputError,
     InvalidModelError,
@@ -30,6 +33,7 @@ __all__ = [
     "CompileError",
     "CompiledOnnxModel",
     "DivisionByZeroError",
+    "ExportRefused",
     "HostOpError",
     "InputError",
     "InvalidModelError",
@@ -38,5 +42,6 @@ __all__ = [
     "TargetError",
     "UnsupportedModelError",
     "compile_onnx",
+    "export_c",
     "load",
 ]

@@ -62,21 +62,27 @@ def _parser() -> argparse.ArgumentParser:
                        "that `braze run` and bridge.load() run without recompiling. The "
                        "artifact only loads with this braze version on this CPU. With "
                        "--target cuda --emit ptx, write one .ptx file per compiled "
-                       "cluster into the output directory instead (no GPU needed).")
+                       "cluster into the output directory instead (no GPU needed). With "
+                       "--emit c, write a C header and library (NAME.h, libNAME.a, "
+                       "libNAME.so, README.txt) that run the model with no Python.")
     p.add_argument("input", help="the ONNX model to compile")
     p.add_argument("-o", "--output", required=True,
-                   help="where to write the .braze artifact (--emit ptx: a directory)")
+                   help="where to write the .braze artifact (--emit ptx or c: a directory)")
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"],
                    help="what to compile for (default cpu)")
-    p.add_argument("--emit", choices=["artifact", "ptx"], default=None,
-                   help="what to write: a .braze artifact (cpu, the default there) or PTX "
-                   "(cuda, the default there)")
+    p.add_argument("--emit", choices=["artifact", "ptx", "c"], default=None,
+                   help="what to write: a .braze artifact (cpu, the default there), PTX "
+                   "(cuda, the default there) or a C library (cpu)")
+    p.add_argument("--name", default=None,
+                   help="--emit c: the library's name (NAME.h, NAME_run; default the "
+                   "model's graph name)")
     p.add_argument("--arch", default=None, metavar="SM",
                    help="CUDA architecture of the PTX, e.g. sm_80 (default) or sm_90")
     p.add_argument("--no-fallback", action="store_true",
                    help="fail instead of leaving any node to onnxruntime")
-    p.add_argument("--threads", type=int, default=2,
-                   help="threads the artifact runs with (default 2)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads the artifact runs with (default 2; --emit c: default 1, "
+                   "which needs no libgomp)")
     p.add_argument("--cpu", default=None, metavar="NAME[,+F,-F]",
                    help="compile for this LLVM CPU (e.g. znver3, haswell, x86-64-v2, "
                    "neoverse-n1), features turned on or off after it; default: this machine")

@@ -193,6 +193,11 @@ def cmd_compile(args) -> int:
     from importers.onnx import load_model
 
     emit = args.emit or ("ptx" if args.target == "cuda" else "artifact")
+    if emit == "c" and args.target == "cpu":
+        return _compile_c(args)
+    if args.name is not None:
+        raise BrazeError("--name is for --emit c")
+    args.threads = 2 if args.threads is None else args.threads
     if (emit == "ptx") != (args.target == "cuda"):
         raise BrazeError(f"--target {args.target} writes " +
                          ("PTX (--emit ptx)" if args.target == "cuda" else
@@ -219,6 +224,27 @@ def cmd_compile(args) -> int:
     print(f"input shapes: {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}")
     print(f"clusters: {len(clusters) - host} compiled by braze, {host} on onnxruntime")
     print(f"target: {parse_target(target).describe()}")
+    return 0
+
+
+def _compile_c(args) -> int:
+    """`braze compile --emit c`: a C header and library (bridge/export_c.py)."""
+    import bridge
+    from bridge.cli import parse_shapes
+    from compiler.target import spec_of
+    from importers.onnx import load_model
+
+    t0 = time.perf_counter()
+    model = load_model(Path(args.input))
+    shapes = concrete_shapes(model, parse_shapes(args.shape))
+    compiled = bridge.compile_onnx(model, target=spec_of(args.cpu, args.triple),
+                                   allow_fallback=False)
+    name = args.name or Path(args.input).stem
+    files = compiled.export_c(args.output, name=name, input_shapes=shapes,
+                              threads=1 if args.threads is None else args.threads)
+    print(f"{args.input} -> {args.output} ({time.perf_counter() - t0:.1f} s)")
+    for path in files.values():
+        print(f"  {path} ({path.stat().st_size / 1e6:.3f} MB)")
     return 0
 
 

@@ -144,6 +144,15 @@ class CompiledOnnxModel:
             specs = self.saved_specializations()
         save_model(self, specs, path)
 
+    def export_c(self, outdir, name: str | None = None, input_shapes: dict | None = None,
+                 threads: int = 1) -> dict:
+        """Write a C header and library running this model with no Python, for the CPU it
+        is compiled for (see bridge/export_c.py); returns the paths written."""
+        from bridge.export_c import write_library
+
+        return write_library(self, outdir, name=name, input_shapes=input_shapes,
+                             threads=threads)
+
     def saved_specializations(self) -> list[_Specialization]:
         """The specializations save() writes: those with something to run."""
         return [s for s in self._specs.values() if s.executable is not None]

@@ -28,6 +28,11 @@ class CompileError(BrazeError):
     """braze could not compile part of the model (e.g. allow_fallback=False)."""
 
 
+class ExportRefused(BrazeError):
+    """The model cannot become a C library (bridge/export_c.py): it has nodes braze does
+    not compile (each named, with its reason), or an input or output type C cannot take."""
+
+
 class InputError(BrazeError):
     """A compiled model was called with missing, extra or mis-typed inputs."""
 
