@@ -144,7 +144,7 @@ def _plan_graph(compiled, given: dict) -> tuple[Graph, dict]:
     """The imported, optimized graph for these shapes and the model's input names."""
     from importers.onnx import import_onnx
 
-    with compiled._lock:
+    with compiled._specs.lock:
         shapes = compiled._shapes_to_save(given)
     imported = import_onnx(compiled._model, input_shapes=shapes)
     if imported.value_inputs:
@@ -157,9 +157,9 @@ def _plan_graph(compiled, given: dict) -> tuple[Graph, dict]:
 def _compiled_clusters(graph: Graph, target) -> list:
     """The clusters of `graph`, all compiled by braze, or ExportRefused naming each node
     that is not and why."""
-    from bridge.onnx_api import plan
+    from compiler import driver
 
-    clusters = plan(graph, target, allow_fallback=False)
+    clusters = driver.plan(graph, target, allow_fallback=False).clusters
     host = [(n, c.reasons[n]) for c in clusters if not c.compiled for n in c.nodes]
     if host:
         lines = [f"  {n.label} node {n.name or n.outputs[0].name!r}: {why}" for n, why in host]
