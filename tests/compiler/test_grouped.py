@@ -201,7 +201,7 @@ def _kernels(compiled, x):
     """The kernels braze compiled for input x (compiling happens on the first call)."""
     compiled(x)
     spec = next(iter(compiled._specs.values()))
-    return [k for _, cg in spec.parts if cg is not None for k in cg.kernels]
+    return [k for p in spec.parts if p.compiled is not None for k in p.compiled.kernels]
 
 
 ACTIVATIONS = {
@@ -237,7 +237,7 @@ def test_silu_epilogue_is_vector_math_on_the_registers():
     compiled = _compile_torch(module, x)
     compiled(x)
     spec = next(iter(compiled._specs.values()))
-    ir_text = next(cg for _, cg in spec.parts if cg is not None).llvm_ir
+    ir_text = next(p.compiled for p in spec.parts if p.compiled is not None).llvm_ir
     assert "llvm.rint.v16f32" in ir_text  # exp on 16 lanes at once, not a scalar loop
 
 
