@@ -62,6 +62,17 @@ def calibrate_batchnorm(module, size: int) -> None:
     module.eval()
 
 
+def randomize_zero_weights(module) -> None:
+    """Give weights that initialize to all zeros (ViT's classifier head) small random
+    values: a zero head makes every output its bias, and every runtime's error 0."""
+    import torch
+
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() >= 2 and not torch.any(p):
+                p.normal_(0.0, 0.02)
+
+
 def torchvision_model(name: str, size: int = 224, **kwargs) -> ZooModel:
     """A torchvision classification model with random weights and calibrated BN."""
     def build():
@@ -70,6 +81,7 @@ def torchvision_model(name: str, size: int = 224, **kwargs) -> ZooModel:
 
         torch.manual_seed(SEED)
         module = getattr(torchvision.models, name)(weights=None, **kwargs)
+        randomize_zero_weights(module)
         calibrate_batchnorm(module, size)
         return module.eval(), [image(size)]
 

@@ -56,3 +56,11 @@ def test_table_ratios_are_to_the_fastest_stock_runtime():
 def test_list_names_models(argv, capsys):
     zoo.main(argv)
     assert "mobilenet_v2 (conv)" in capsys.readouterr().out
+
+
+def test_zero_initialized_weights_get_random_values():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    torch.nn.init.zeros_(net[1].weight)
+    before = net[0].weight.clone()
+    zoo_models.randomize_zero_weights(net)
+    assert torch.any(net[1].weight != 0) and torch.equal(net[0].weight, before)
