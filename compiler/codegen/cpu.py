@@ -26,14 +26,24 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen import llvm_cpu
-from compiler.codegen.mathlib import FAST_F32
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
-from compiler.codegen.faults import FAULTS, FaultWord, code_of
-from compiler.codegen.lowering import (arg_take, combine, counted_loop, is_flat,
+from compiler.codegen.faults import FAULTS, FaultWord
+from compiler.codegen.kernel_facts import CODE_SIZE as _CODE_SIZE
+from compiler.codegen.kernel_facts import LOOP_BLOCK, PACKED, by_columns, empty_matmul
+from compiler.codegen.kernel_facts import extent as _extent
+from compiler.codegen.kernel_facts import may_fault as _may_fault
+from compiler.codegen.kernel_facts import signature as _signature
+from compiler.codegen.kernel_facts import transposed_last as _transposed_last
+from compiler.codegen.register_ops import REGISTER_OPS
+from compiler.codegen.register_ops import operand_kind as _operand_kind
+from compiler.codegen.register_ops import operand_vector as _operand_vector
+from compiler.codegen.row_state import Accumulator as _Accumulator
+from compiler.codegen.row_state import RowCache as _RowCache
+from compiler.codegen.lowering import (combine, counted_loop, is_flat,
                                        kernel_leaves, mul_add, reduce_init, store_element,
                                        without)
-from compiler.codegen.ops_llvm import I32, I64, binary_float, llvm_type, storage_type
+from compiler.codegen.ops_llvm import I32, I64, llvm_type, storage_type
 from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
 from compiler.kernels import attention, batched, choice, conv, gemm, grouped, winograd
@@ -41,16 +51,6 @@ from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
 PTR = ir.PointerType()
-PACKED = "packed"  # slot-table tag of a weight packed for the GEMM (compiled.py fills it)
-# Kernels that touch fewer elements than this run on one thread: a warm OpenMP
-# launch costs a few microseconds, more than two threads save below ~32K elements.
-PARALLEL_MIN_ELEMENTS = 1 << 15
-# Linear elements per row of a flat elementwise kernel: big enough for the
-# vectorized loop to amortize its prologue, small enough to split among threads.
-LOOP_BLOCK = 4096
-# Constants up to this many elements are part of a kernel's signature (their values may
-# be inlined in its code); a kernel reading a larger one that is not packed has none.
-SIGNATURE_CONST_ELEMENTS = 64
 # Render twins anyway and check that they are twins (tests/conftest.py sets it).
 VERIFY_TWINS = os.environ.get("BRAZE_VERIFY_TWINS") == "1"
 
@@ -701,227 +701,3 @@ class SplitRender:
             r._entry([(fns[g], *_extent(kernels[self.first[g]]), r._values(k))
                       for k, g in zip(kernels, self.group)])
         return str(r.module)
-
-
-# -- helpers ----------------------------------------------------------------------
-
-# A rough relative size of a contraction kernel's code, by implementation (Winograd and
-# direct convs render the most: transforms, micro-kernels and their tails); others 2.0.
-_CODE_SIZE = {choice.WINOGRAD: 6.0, choice.DIRECT_CONV: 3.0, choice.GROUPED: 3.0}
-
-
-def _may_fault(k: Kernel) -> bool:
-    """Whether a kernel computes a node that records faults (compiler/codegen/faults.py)."""
-    return any(code_of(n) for n in k.nodes)
-
-
-def _extent(k: Kernel) -> tuple[int, bool]:
-    """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
-    rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
-    root, node = k.root, k.contraction
-    if root.type.size == 0:
-        return 0, False
-    impl = k.impl.name if k.impl is not None else None
-    if node is not None and empty_matmul(node):
-        outer, work = root.type.size // (root.shape[-1] if root.shape else 1), root.type.size
-    elif impl == choice.GEMM:
-        shape = choice.shape(node, k.impl)
-        outer, work = shape.items, shape.m * shape.n * shape.k
-    elif impl == choice.BATCHED:
-        shape = choice.shape(node, k.impl)
-        outer, work = shape.items, shape.entries * shape.m * shape.n * shape.k
-    elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
-        shape = choice.shape(node, k.impl)
-        outer, work = shape.items, shape.macs
-    elif impl == choice.ROW_MATMUL:
-        outer = int(np.prod(root.shape[:-1], dtype=np.int64))
-        work = root.type.size * node.inputs[0].shape[-1]
-    elif k.kind == "row":
-        outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
-        outer //= k.domain[-1] if by_columns(k) else 1
-        work = int(np.prod(k.domain, dtype=np.int64))
-    elif is_flat(k):
-        work = root.type.size
-        outer = -(-work // LOOP_BLOCK)
-    else:
-        inner = root.shape[-1] if root.shape else 1
-        work = root.type.size
-        outer = work // inner if inner else 0
-    return outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
-
-
-# A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.
-COLUMN_ROW_BYTES = 1 << 16
-
-
-def by_columns(k: Kernel) -> bool:
-    """Whether a row kernel runs as `Renderer._column_kernel`: one level of reductions
-    (no argmax/argmin), the last dim kept (its elements contiguous: reducing row by row
-    would read them a whole stride apart), a root of one element per kept index, and
-    nothing kept per row."""
-    if len(k.levels) != 1 or k.row_cached or not k.axes:
-        return False
-    last = len(k.domain) - 1
-    if last < 1 or last in k.axes or k.root.shape not in k.row_shapes():
-        return False
-    if any(r.op in ("argmax", "argmin") for r in k.levels[0]):
-        return False
-    return k.domain[last] * 8 <= COLUMN_ROW_BYTES
-
-
-def _transposed_last(v: Value) -> bool:
-    """Whether v is a transpose that swaps in its last axis from the one before (K^T):
-    its rows are then contiguous in its source, and packing reads them down the rows."""
-    p = v.producer
-    return p is not None and p.op == "transpose" and p.attrs["perm"][-1] == len(v.shape) - 2
-
-
-def empty_matmul(node) -> bool:
-    """Whether `node` is a matmul with nothing to sum (x[2, 0] @ w[0, 3]): its result is
-    zeros, and its kernel the epilogue applied to zero, as a loop kernel (the tile kernels
-    assume one product at least; conv.refusal sends an empty conv to the host)."""
-    return node.op == "matmul" and node.inputs[0].shape[-1] == 0
-
-
-def _signature(k: Kernel, local: dict) -> tuple | None:
-    """What a kernel's code depends on, with its buffers named by their place in its
-    table (`local`) and its other values by position: kernels with equal signatures
-    render to the same function. None (never a twin) when a node reads a value that is
-    neither a buffer, nor computed in the kernel, nor a small constant. A buffer's type is
-    part of its name: two matmuls with equal outputs but different depths (a stack of
-    Linear layers whose weights are inputs), or an add broadcasting one operand, read
-    their inputs at other strides and are not twins."""
-    ids = {v: ("buf", i, str(v.type) if isinstance(v, Value) else None)
-           for v, i in local.items()}
-    parts: list = [k.kind, k.domain, k.axes]
-    for n in k.nodes:
-        args = []
-        for u in n.inputs:
-            if u in ids:
-                args.append(ids[u])
-            elif u.is_const:
-                value = np.asarray(u.const_value)
-                if value.size > SIGNATURE_CONST_ELEMENTS and (PACKED, u) not in local:
-                    return None
-                args.append(("const", str(u.type), value.tobytes()
-                             if value.size <= SIGNATURE_CONST_ELEMENTS else None))
-            else:
-                return None
-        for o in n.outputs:
-            ids.setdefault(o, ("val", len(ids)))
-        attrs = tuple(sorted((key, _attr_key(a)) for key, a in n.attrs.items()))
-        parts.append((n.op, attrs, tuple(str(o.type) for o in n.outputs), tuple(args),
-                      tuple(ids[o] for o in n.outputs)))
-    parts.append(tuple(tuple(ids.get(n.outputs[0]) for n in level) for level in k.levels))
-    parts.append(tuple(ids.get(v) for v in k.row_cached))
-    parts.append(ids[k.root])
-    return tuple(parts)
-
-
-def _attr_key(a):
-    if isinstance(a, np.ndarray):
-        return ("array", str(a.dtype), a.shape, a.tobytes())
-    if isinstance(a, (list, tuple)):
-        return tuple(_attr_key(x) for x in a)
-    if isinstance(a, dict):
-        return tuple(sorted((key, _attr_key(x)) for key, x in a.items()))
-    return (type(a).__name__, repr(a))
-
-
-# Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue):
-# the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops, and
-# braze's float32 math (mathlib: exp, sigmoid, tanh, erf, log on vectors too), so SiLU,
-# GELU and the like run on the registers, never as a scalar loop over the stored tile.
-REGISTER_OPS = {
-    **{op: (lambda op: lambda b, x, y: binary_float(b, op, x, y))(op)
-       for op in ("add", "sub", "mul", "div", "max", "min")},
-    **{op: (lambda fn: lambda b, x: fn(b, x))(fn) for op, fn in FAST_F32.items()},
-    "neg": lambda b, x: b.fneg(x),
-}
-
-
-def _operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
-    """How a register epilogue reads `u`: "scalar", "full" (root's shape, a buffer),
-    "row" (N values along the last dim, broadcast over the rows), or None (it cannot)."""
-    if u.is_const and u.const_value.size == 1:
-        return "scalar"
-    if u not in ptrs or u.dtype != "f32":
-        return None
-    if u.shape == root.shape:
-        return "full"
-    n = root.shape[-1]
-    if u.shape and u.shape[-1] == n and all(d == 1 for d in u.shape[:-1]):
-        return "row"
-    return None
-
-
-def _operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype):
-    """The lanes of `u` for one output vector of type `vtype` (element offset `off` of the
-    root, channel `col`), per `_operand_kind`."""
-    kind = _operand_kind(u, root, ptrs)
-    if kind == "scalar":
-        return gemm.splat_constant(b, u.const_value.reshape(-1)[0], vtype)
-    ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
-                inbounds=True)
-    return b.load(ptr, typ=vtype, align=4)
-
-
-class _RowCache:
-    """Scratch rows for a row kernel's `row_cached` values (fuse.py): the first pass
-    that computes one at the pass's own index stores it; later passes load it there."""
-
-    def __init__(self, b: ir.IRBuilder, values: list[Value], n_red: int):
-        self.values, self.stored, self.pending = values, set(), set()
-        self.rows = {}
-        with b.goto_entry_block():  # one scratch row per value, on this thread's stack
-            for v in values:
-                self.rows[v] = b.alloca(llvm_type(v.dtype), size=i64(n_red))
-
-    def seed(self, b, em: ElementEmitter, idx: list, j) -> None:
-        """Offer the kept values to this pass's emitter, at the pass's index."""
-        for v in self.stored:
-            ptr = b.gep(self.rows[v], [j], source_etype=llvm_type(v.dtype), inbounds=True)
-            em.memo[(v, tuple(idx))] = b.load(ptr, typ=llvm_type(v.dtype))
-
-    def keep(self, b, em: ElementEmitter, idx: list, j) -> None:
-        """Store the kept values this pass computed at its index (not yet stored)."""
-        for v in self.values:
-            x = em.memo.get((v, tuple(idx)))
-            if v not in self.stored and x is not None:
-                b.store(x, b.gep(self.rows[v], [j], source_etype=llvm_type(v.dtype),
-                                 inbounds=True))
-                self.pending.add(v)
-
-    def end_pass(self) -> None:
-        self.stored |= self.pending
-        self.pending = set()
-
-
-class _Accumulator:
-    """One reduction's running value (and argmax/argmin's index) over a row."""
-
-    def __init__(self, b: ir.IRBuilder, node):
-        self.node = node
-        self.dtype = node.inputs[0].dtype
-        self.arg = node.op in ("argmax", "argmin")
-        self.t = llvm_type(self.dtype)
-        with b.goto_entry_block():  # allocas in the entry block: promoted to registers
-            self.acc = b.alloca(self.t)
-            self.best = b.alloca(I64) if self.arg else None
-        b.store(reduce_init(node.op, self.dtype), self.acc)
-        if self.arg:
-            b.store(i64(0), self.best)
-
-    def update(self, b: ir.IRBuilder, val, j) -> None:
-        cur = b.load(self.acc, typ=self.t)
-        if self.arg:
-            take = arg_take(b, self.node, val, cur, self.dtype)
-            b.store(b.select(take, val, cur), self.acc)
-            b.store(b.select(take, j, b.load(self.best, typ=I64)), self.best)
-        else:
-            b.store(combine(b, self.node.op, self.dtype, cur, val), self.acc)
-
-    def result(self, b: ir.IRBuilder):
-        return b.load(self.best, typ=I64) if self.arg else b.load(self.acc, typ=self.t)
-
-

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from compiler.codegen import compile_graph, cpu, llvm_cpu, supports
+from compiler.codegen import kernel_facts
 from compiler.errors import CompileError, InputError
 from compiler.interp import evaluate
 from compiler.ir import Graph, TensorType
@@ -205,7 +206,7 @@ def test_per_call_overhead_and_thread_launch(monkeypatch):
     cg = CpuStep(compile_graph(_add_graph((1, 1))))
     a = np.ones((1, 1), np.float32)
     call = _per_call(lambda: cg.run([a, a]), 5000)
-    monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", 1)  # force a threaded tiny kernel
+    monkeypatch.setattr(kernel_facts, "PARALLEL_MIN_ELEMENTS", 1)  # a threaded tiny kernel
     g = Graph("t")
     x = g.add_input("x", TensorType("f32", (2, 2)))
     g.outputs = [g.op("transpose", x, perm=(1, 0))]

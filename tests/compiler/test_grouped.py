@@ -319,7 +319,7 @@ graph p(%x: f32[2,9,7,40]) -> (%mean, %peak, %soft) {
 
 
 def test_global_pool_over_channels_last_runs_by_columns():
-    from compiler.codegen.cpu import by_columns
+    from compiler.codegen.kernel_facts import by_columns
 
     cg = CpuStep(compile_graph(parse_graph(POOLS)))
     columns = {k.root.name: by_columns(k) for k in cg.kernels if k.kind == "row"}

@@ -1,0 +1,146 @@
+"""What a fused kernel is before it is rendered: its trip count and whether it runs
+threaded (`extent`), whether a row kernel runs by columns, whether a matmul sums
+nothing, and the signature under which kernels share rendered code (twins).
+cpu.py renders from these; SplitRender sizes its parts with `code_size`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.codegen.faults import code_of
+from compiler.codegen.lowering import is_flat
+from compiler.ir import Value
+from compiler.kernels import choice
+from compiler.passes.fuse import Kernel
+
+PACKED = "packed"  # slot-table tag of a weight packed for the GEMM (compiled.py fills it)
+# Kernels that touch fewer elements than this run on one thread: a warm OpenMP
+# launch costs a few microseconds, more than two threads save below ~32K elements.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+# Linear elements per row of a flat elementwise kernel: big enough for the
+# vectorized loop to amortize its prologue, small enough to split among threads.
+LOOP_BLOCK = 4096
+# Constants up to this many elements are part of a kernel's signature (their values may
+# be inlined in its code); a kernel reading a larger one that is not packed has none.
+SIGNATURE_CONST_ELEMENTS = 64
+# A rough relative size of a contraction kernel's code, by implementation (Winograd and
+# direct convs render the most: transforms, micro-kernels and their tails); others 2.0.
+CODE_SIZE = {choice.WINOGRAD: 6.0, choice.DIRECT_CONV: 3.0, choice.GROUPED: 3.0}
+
+
+def may_fault(k: Kernel) -> bool:
+    """Whether a kernel computes a node that records faults (compiler/codegen/faults.py)."""
+    return any(code_of(n) for n in k.nodes)
+
+
+def extent(k: Kernel) -> tuple[int, bool]:
+    """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
+    rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
+    root, node = k.root, k.contraction
+    if root.type.size == 0:
+        return 0, False
+    impl = k.impl.name if k.impl is not None else None
+    if node is not None and empty_matmul(node):
+        outer, work = root.type.size // (root.shape[-1] if root.shape else 1), root.type.size
+    elif impl == choice.GEMM:
+        shape = choice.shape(node, k.impl)
+        outer, work = shape.items, shape.m * shape.n * shape.k
+    elif impl == choice.BATCHED:
+        shape = choice.shape(node, k.impl)
+        outer, work = shape.items, shape.entries * shape.m * shape.n * shape.k
+    elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
+        shape = choice.shape(node, k.impl)
+        outer, work = shape.items, shape.macs
+    elif impl == choice.ROW_MATMUL:
+        outer = int(np.prod(root.shape[:-1], dtype=np.int64))
+        work = root.type.size * node.inputs[0].shape[-1]
+    elif k.kind == "row":
+        outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
+        outer //= k.domain[-1] if by_columns(k) else 1
+        work = int(np.prod(k.domain, dtype=np.int64))
+    elif is_flat(k):
+        work = root.type.size
+        outer = -(-work // LOOP_BLOCK)
+    else:
+        inner = root.shape[-1] if root.shape else 1
+        work = root.type.size
+        outer = work // inner if inner else 0
+    return outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
+
+
+# A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.
+COLUMN_ROW_BYTES = 1 << 16
+
+
+def by_columns(k: Kernel) -> bool:
+    """Whether a row kernel runs as `Renderer._column_kernel`: one level of reductions
+    (no argmax/argmin), the last dim kept (its elements contiguous: reducing row by row
+    would read them a whole stride apart), a root of one element per kept index, and
+    nothing kept per row."""
+    if len(k.levels) != 1 or k.row_cached or not k.axes:
+        return False
+    last = len(k.domain) - 1
+    if last < 1 or last in k.axes or k.root.shape not in k.row_shapes():
+        return False
+    if any(r.op in ("argmax", "argmin") for r in k.levels[0]):
+        return False
+    return k.domain[last] * 8 <= COLUMN_ROW_BYTES
+
+
+def transposed_last(v: Value) -> bool:
+    """Whether v is a transpose that swaps in its last axis from the one before (K^T):
+    its rows are then contiguous in its source, and packing reads them down the rows."""
+    p = v.producer
+    return p is not None and p.op == "transpose" and p.attrs["perm"][-1] == len(v.shape) - 2
+
+
+def empty_matmul(node) -> bool:
+    """Whether `node` is a matmul with nothing to sum (x[2, 0] @ w[0, 3]): its result is
+    zeros, and its kernel the epilogue applied to zero, as a loop kernel (the tile kernels
+    assume one product at least; conv.refusal sends an empty conv to the host)."""
+    return node.op == "matmul" and node.inputs[0].shape[-1] == 0
+
+
+def signature(k: Kernel, local: dict) -> tuple | None:
+    """What a kernel's code depends on, with its buffers named by their place in its
+    table (`local`) and its other values by position: kernels with equal signatures
+    render to the same function. None (never a twin) when a node reads a value that is
+    neither a buffer, nor computed in the kernel, nor a small constant. A buffer's type is
+    part of its name: two matmuls with equal outputs but different depths (a stack of
+    Linear layers whose weights are inputs), or an add broadcasting one operand, read
+    their inputs at other strides and are not twins."""
+    ids = {v: ("buf", i, str(v.type) if isinstance(v, Value) else None)
+           for v, i in local.items()}
+    parts: list = [k.kind, k.domain, k.axes]
+    for n in k.nodes:
+        args = []
+        for u in n.inputs:
+            if u in ids:
+                args.append(ids[u])
+            elif u.is_const:
+                value = np.asarray(u.const_value)
+                if value.size > SIGNATURE_CONST_ELEMENTS and (PACKED, u) not in local:
+                    return None
+                args.append(("const", str(u.type), value.tobytes()
+                             if value.size <= SIGNATURE_CONST_ELEMENTS else None))
+            else:
+                return None
+        for o in n.outputs:
+            ids.setdefault(o, ("val", len(ids)))
+        attrs = tuple(sorted((key, _attr_key(a)) for key, a in n.attrs.items()))
+        parts.append((n.op, attrs, tuple(str(o.type) for o in n.outputs), tuple(args),
+                      tuple(ids[o] for o in n.outputs)))
+    parts.append(tuple(tuple(ids.get(n.outputs[0]) for n in level) for level in k.levels))
+    parts.append(tuple(ids.get(v) for v in k.row_cached))
+    parts.append(ids[k.root])
+    return tuple(parts)
+
+
+def _attr_key(a):
+    if isinstance(a, np.ndarray):
+        return ("array", str(a.dtype), a.shape, a.tobytes())
+    if isinstance(a, (list, tuple)):
+        return tuple(_attr_key(x) for x in a)
+    if isinstance(a, dict):
+        return tuple(sorted((key, _attr_key(x)) for key, x in a.items()))
+    return (type(a).__name__, repr(a))

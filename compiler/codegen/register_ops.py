@@ -1,0 +1,46 @@
+"""Epilogue ops on whole accumulator vectors, and how a register epilogue reads its
+other operands (cpu.Renderer._register_epilogue)."""
+
+from __future__ import annotations
+
+from compiler.codegen.mathlib import FAST_F32
+from compiler.codegen.ops_llvm import binary_float
+from compiler.ir import Value
+from compiler.kernels import gemm
+
+# Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue):
+# the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops, and
+# braze's float32 math (mathlib: exp, sigmoid, tanh, erf, log on vectors too), so SiLU,
+# GELU and the like run on the registers, never as a scalar loop over the stored tile.
+REGISTER_OPS = {
+    **{op: (lambda op: lambda b, x, y: binary_float(b, op, x, y))(op)
+       for op in ("add", "sub", "mul", "div", "max", "min")},
+    **{op: (lambda fn: lambda b, x: fn(b, x))(fn) for op, fn in FAST_F32.items()},
+    "neg": lambda b, x: b.fneg(x),
+}
+
+
+def operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
+    """How a register epilogue reads `u`: "scalar", "full" (root's shape, a buffer),
+    "row" (N values along the last dim, broadcast over the rows), or None (it cannot)."""
+    if u.is_const and u.const_value.size == 1:
+        return "scalar"
+    if u not in ptrs or u.dtype != "f32":
+        return None
+    if u.shape == root.shape:
+        return "full"
+    n = root.shape[-1]
+    if u.shape and u.shape[-1] == n and all(d == 1 for d in u.shape[:-1]):
+        return "row"
+    return None
+
+
+def operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype):
+    """The lanes of `u` for one output vector of type `vtype` (element offset `off` of the
+    root, channel `col`), per `operand_kind`."""
+    kind = operand_kind(u, root, ptrs)
+    if kind == "scalar":
+        return gemm.splat_constant(b, u.const_value.reshape(-1)[0], vtype)
+    ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
+                inbounds=True)
+    return b.load(ptr, typ=vtype, align=4)
