@@ -116,6 +116,16 @@ def fresh_compile_caches(workdir: Path):
                 os.environ[k] = v
 
 
+def add_target_args(p) -> None:
+    """--cpu and --only, shared by the benchmarks that time braze built for other CPUs."""
+    p.add_argument("--cpu", nargs="+", default=[], metavar="NAME",
+                   help="also run braze built for these LLVM CPUs (e.g. znver3 x86-64-v2; "
+                   "they must run on this machine)")
+    p.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                   help="run only the runtimes whose names contain one of these (torch "
+                   "eager, the reference, always runs)")
+
+
 def describe_error(exc: BaseException) -> str:
     """A short one-line reason: the exception type and its message's first line."""
     text = str(exc).strip().splitlines()

@@ -304,12 +304,7 @@ def parse_args(argv):
     p.add_argument("--update-results", action="store_true",
                    help="rewrite the fusion section of benchmarks/RESULTS.md")
     p.add_argument("--note", help="a sentence to print under the machine in RESULTS.md")
-    p.add_argument("--cpu", nargs="+", default=[], metavar="NAME",
-                   help="also run braze built for these LLVM CPUs (e.g. znver3 x86-64-v2; "
-                   "they must run on this machine)")
-    p.add_argument("--only", nargs="+", default=[], metavar="NAME",
-                   help="run only the runtimes whose names contain one of these (torch "
-                   "eager, the reference, always runs)")
+    common.add_target_args(p)
     args = p.parse_args(argv)
     if args.quick:
         args.warmup, args.rounds = QUICK["warmup"], QUICK["rounds"]
