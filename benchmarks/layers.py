@@ -83,14 +83,14 @@ def describe(k) -> tuple[str, int]:
     return label, int(np.prod(y)) * int(np.prod(w[1:]))
 
 
-def profile_resnet(batch: int, threads: int, rounds: int) -> dict:
+def profile_resnet(batch: int, threads: int, rounds: int, target: str = "cpu") -> dict:
     import bridge
 
     model = build_model()
     x = make_input(batch)
     with tempfile.TemporaryDirectory(prefix="braze-layers-") as tmp:
         path = runtimes.export_onnx(model, [x], Path(tmp) / "resnet50.onnx")
-        compiled = bridge.compile_onnx(str(path), threads=threads)
+        compiled = bridge.compile_onnx(str(path), threads=threads, target=target)
         compiled(x)
     spec = next(iter(compiled._specs.values()))
     graphs = [p.compiled for p in spec.parts if p.compiled is not None]
@@ -138,6 +138,8 @@ def main(argv=None) -> dict:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--threads", type=int, default=common.THREADS)
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--cpu", default=None, metavar="NAME",
+                   help="profile braze built for this LLVM CPU (e.g. znver3; it must run here)")
     p.add_argument("--out", type=Path, default=common.OUT_DIR)
     p.add_argument("--update-results", action="store_true",
                    help="rewrite the per-layer section of benchmarks/RESULTS.md")
@@ -146,7 +148,8 @@ def main(argv=None) -> dict:
     common.progress("measuring the FMA peak")
     peak = fma_peak_gflops(args.threads)
     common.progress(f"profiling ResNet-50 at batch {args.batch}")
-    result = profile_resnet(args.batch, args.threads, args.rounds)
+    target = f"cpu:{args.cpu}" if args.cpu else "cpu"
+    result = profile_resnet(args.batch, args.threads, args.rounds, target)
     table = report(result, peak, args.threads, args.batch)
     print(table)
     if args.update_results:

@@ -44,6 +44,10 @@ MIN_SIDE = 7
 MIN_ROWS = 4
 # Work items wanted at least, so two threads split them within ~10% (see `groups`).
 MIN_ITEMS = 8
+# Tiles per block at most where U streams from beyond L2 (see WinogradShape.rows): 16
+# measured best on ResNet-50's 14x14 and 7x7 layers on both AVX-512 and AVX2 (32 makes
+# the transformed patches outgrow L2 alongside U's stream).
+MAX_BLOCK_TILES = 16
 
 
 class Transform:
@@ -199,10 +203,22 @@ class WinogradShape(ConvShape):
         return self.n * self.th * self.tw
 
     @property
+    def weight_bytes(self) -> int:
+        """The transformed weight U's size: streamed once per block of tiles."""
+        return self.alpha ** 2 * self.cin * self.cout * 4
+
+    @property
     def rows(self) -> int:
-        """Tiles per block: the fewest blocks of at most MR tiles whose transformed
-        patches fit the scratch, then the shortest."""
-        most = max(1, min(self.tile.mr, SCRATCH_BYTES // (self.alpha ** 2 * self.cin * 4)))
+        """Tiles per block: the fewest blocks of at most `most` tiles whose transformed
+        patches fit the scratch, then the shortest. A block holds the micro-kernel's MR
+        rows, or, where U is larger than one core's L2 (so each block reads it from
+        L3 or memory), as many tiles as the scratch holds: the micro-kernel then runs
+        several row chunks on each panel while it is in cache (`_chunks`). On a
+        narrow-register target (AVX2's MR = 6) the 7x7x512 layer read its 16 MiB U
+        three times a call, and took 2.4x the AVX-512 build's time."""
+        fit = SCRATCH_BYTES // (self.alpha ** 2 * self.cin * 4)
+        want = MAX_BLOCK_TILES if self.weight_bytes > self.tile.l2_bytes else self.tile.mr
+        most = max(1, min(want, fit))
         blocks = -(-self.tiles // most)
         return -(-self.tiles // blocks)
 
@@ -286,19 +302,28 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
     def panel_body(b, q):
         p = b.add(b.mul(group, _i64(per_group)), q)
 
-        def gemm_k(b, k):  # a loop, not unrolled: one micro-kernel's code per conv
+        def chunk(b, k, r0, n):  # tiles r0 .. r0 + n of the block on the micro-kernel
             def row_ptrs(b, kk):
-                return [b.gep(v_buf, [b.mul(b.add(b.mul(k, _i64(rows)), _i64(r)),
+                return [b.gep(v_buf, [b.mul(b.add(b.mul(k, _i64(rows)), b.add(r0, _i64(r))),
                                             _i64(s.cin))], source_etype=F32, inbounds=True)
-                        for r in range(rows)]
-            accs = gemm.accumulate(b, t, rows, packed_ptr,
+                        for r in range(n)]
+            accs = gemm.accumulate(b, t, n, packed_ptr,
                                    b.mul(b.add(b.mul(k, _i64(panels)), p), _i64(s.cin)), 1,
                                    s.cin, row_ptrs)
             for i, acc in enumerate(accs):
-                off = b.add(b.mul(b.add(b.mul(k, _i64(rows)), _i64(i // t.nv)), _i64(t.nr)),
-                            _i64((i % t.nv) * t.vec))
+                row = b.add(b.add(b.mul(k, _i64(rows)), r0), _i64(i // t.nv))
+                off = b.add(b.mul(row, _i64(t.nr)), _i64((i % t.nv) * t.vec))
                 ptr = b.gep(m_buf, [off], source_etype=F32, inbounds=True)
                 b.store(acc, _as_vector_ptr(b, ptr, t), align=4)
+
+        def gemm_k(b, k):  # a loop, not unrolled: one micro-kernel's code per chunk size
+            size, full, tail = _chunks(rows, t.mr)
+            if full == 1:
+                chunk(b, k, _i64(0), size)
+            else:
+                gemm.for_range(b, full, lambda b, c: chunk(b, k, b.mul(c, _i64(size)), size))
+            if tail:
+                chunk(b, k, _i64(full * size), tail)
 
         gemm.for_range(b, s.alpha ** 2, gemm_k)
         col0 = b.mul(p, _i64(t.nr))
@@ -307,6 +332,13 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
             hooks))
 
     gemm.for_range(b, per_group, panel_body)
+
+
+def _chunks(rows: int, mr: int) -> tuple[int, int, int]:
+    """A block of `rows` tiles as micro-kernel calls of at most `mr` rows: (chunk size,
+    full chunks, tail rows), the chunks as even as gemm.tile_rows makes them."""
+    size = gemm.tile_rows(rows, mr)
+    return size, rows // size, rows % size
 
 
 def _as_vector_ptr(b: ir.IRBuilder, ptr, tile: Tile):

@@ -209,6 +209,35 @@ def test_winograd_3x3_matches_torch(x_shape, cout, pads, m, rtol, monkeypatch):
     np.testing.assert_allclose(y, want, rtol=0, atol=rtol * np.abs(want).max())
 
 
+@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
+def test_winograd_blocks_past_the_register_tile_match_torch(spec, monkeypatch):
+    """Where U is larger than L2 (here 2 MiB), a block holds more tiles than the
+    micro-kernel's MR rows and runs them as several row chunks per panel (full chunks in
+    a loop, then a tail): on AVX-512 (MR 12) and AVX2 (MR 6) alike, the numbers are a
+    direct conv's."""
+    from compiler import target as targets
+    from compiler.kernels import winograd
+
+    monkeypatch.setattr(winograd, "tile_size", lambda s: 2)
+    rng = np.random.default_rng(9)
+    x_shape, cout = (1, 14, 16, 128), 256  # 56 tiles of 2x2: 4 blocks of 14
+    w = rng.standard_normal((cout, x_shape[3], 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    g = _conv_graph(x_shape, w, bias, (1, 1), (1, 1, 1, 1), (1, 1))
+    node = next(n for n in g.nodes if n.op == "conv")
+    tile = gemm.Tile.of(targets.parse(spec))
+    shape = winograd.plan(node, tile)
+    assert shape.weight_bytes > tile.l2_bytes
+    assert shape.rows == 14 > tile.mr and shape.blocks == 4
+    size, full, tail = winograd._chunks(shape.rows, tile.mr)
+    assert size * full + tail == 14 and size <= tile.mr and full == 14 // size
+    assert winograd._chunks(13, 6) == (5, 2, 3)  # a tail chunk after the loop
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y, = CpuStep(compile_graph(g, target=spec)).run([x])
+    want = _torch_conv(x, w, bias, (1, 1), (1, 1, 1, 1), (1, 1))
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
 class _NumpyOps:
     add, sub = staticmethod(np.add), staticmethod(np.subtract)
 
