@@ -279,28 +279,37 @@ def row_major(t: Tile, k: int, n: int, m: int) -> bool:
     return weight <= ROW_MAJOR_MAX_WEIGHT_BYTES or (weight <= l2 and m * k * 4 > l2)
 
 
+def row_split(m: int, mr: int) -> tuple[int, int, int]:
+    """M rows as row blocks of at most `mr`: (rows of the tallest block, blocks, how
+    many blocks have that many rows; the others have one row fewer)."""
+    rows = tile_rows(m, mr)
+    blocks = -(-m // rows)
+    return rows, blocks, m - blocks * (rows - 1)
+
+
 def for_each_tile(b: ir.IRBuilder, t: Tile, m: int, n: int, item, tile,
                   by_rows: bool = False) -> None:
-    """Work item `item` -> tile(b, rows, row0, panel), rows = tile_rows(m, MR) or the last
-    block's remainder; consecutive items share a panel, or (`by_rows`) a row block."""
-    mr = tile_rows(m, t.mr)
-    blocks = -(-m // mr)
+    """Work item `item` -> tile(b, rows, row0, panel); consecutive items share a panel, or
+    (`by_rows`) a row block. The M rows split into ceil(M / MR) blocks as even as can be:
+    the first `big` blocks have `mr` = tile_rows(m, MR) rows, the others mr - 1 (M = 32
+    on AVX2's MR = 6: 6, 6, 5, 5, 5, 5, not five of 6 and a lone 2 that keeps only four
+    accumulators in flight, half the FMA rate)."""
+    mr, blocks, big = row_split(m, t.mr)
     if by_rows:
         panels = -(-n // t.nr)
         rb, panel = b.udiv(item, _i64(panels)), b.urem(item, _i64(panels))
     else:
         rb, panel = b.urem(item, _i64(blocks)), b.udiv(item, _i64(blocks))
-    row0 = b.mul(rb, _i64(mr))
-    tail = m % mr
-    if tail == 0:
-        tile(b, mr, row0, panel)
+    if big >= blocks:
+        tile(b, mr, b.mul(rb, _i64(mr)), panel)
         return
-    is_tail = b.icmp_unsigned("==", rb, _i64(blocks - 1))
-    with b.if_else(is_tail) as (then, otherwise):
+    is_big = b.icmp_unsigned("<", rb, _i64(big))
+    row0 = b.add(b.mul(rb, _i64(mr - 1)), b.select(is_big, rb, _i64(big)))
+    with b.if_else(is_big) as (then, otherwise):
         with then:
-            tile(b, tail, row0, panel)
-        with otherwise:
             tile(b, mr, row0, panel)
+        with otherwise:
+            tile(b, mr - 1, row0, panel)
 
 
 def prefetch(b: ir.IRBuilder, ptr, write: bool) -> None:
@@ -314,13 +323,21 @@ def for_range(b: ir.IRBuilder, trip: int, body) -> None:
     _phi_loop(b, trip, [], lambda b, i, vals: body(b, i) or [])
 
 
-# The K loop asks for the panel's row PREFETCH_K steps ahead (each of its cache lines):
-# large weights stream from L3 or memory, and the hardware prefetcher alone left
-# ResNet-50's 7x7 layers (weights of 2-16 MiB) at 73-77% of the FMA peak; with it
-# 84-97% on AVX-512, and AVX2's narrower panels gain as much. A prefetch past the panel's
-# end is harmless (a hint: it never faults).
-PREFETCH_K = 16
+# The K loop asks for the panel's row a few hundred cycles ahead (each of its cache
+# lines): large weights stream from L3 or memory, and the hardware prefetcher alone left
+# ResNet-50's 7x7 layers (weights of 2-16 MiB) at 73-77% of the FMA peak; with it 84-97%
+# on AVX-512. The distance is counted in FMA lanes, PREFETCH_LANES (about 400 cycles at
+# Zen 4's 16 lanes a cycle): 16 K steps of AVX-512's 12 x 32 tile, 64 of AVX2's 6 x 16
+# (16 there measured 3-10% slower on the MLP block, whose weights stream from L3). A
+# prefetch past the panel's end is harmless (a hint: it never faults).
+PREFETCH_LANES = 6144
 LINE_FLOATS = 16
+
+
+def prefetch_steps(t: Tile) -> int:
+    """K steps ahead the micro-kernel prefetches its panel."""
+    return max(1, PREFETCH_LANES // (t.mr * t.nr))
+
 
 # The micro-kernel's K loop block is named so (the assembly's comments keep the name:
 # compiler/codegen/asm.py finds the loop by it to count spills there).
@@ -361,8 +378,9 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
         prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(t.nr))
         bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * t.vec))], source_etype=F32,
                               inbounds=True), typ=t.vtype, align=4) for v in range(t.nv)]
+        ahead = prefetch_steps(t)
         for off in range(0, t.nr, LINE_FLOATS):
-            prefetch(b, b.gep(packed_ptr, [b.add(prow, _i64(PREFETCH_K * t.nr + off))],
+            prefetch(b, b.gep(packed_ptr, [b.add(prow, _i64(ahead * t.nr + off))],
                               source_etype=F32), False)
         new = []
         for r in range(rows):

@@ -67,12 +67,15 @@ def test_refusals_name_the_reason():
     ((2, 3, 17), 40),  # batch dims fold into the rows
     ((30, 1024), 64),  # rows 4 KiB apart: copied to a padded scratch (a row tail too)
 ])
-def test_numbers_match_numpy(a_shape, n):
+@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
+def test_numbers_match_numpy(a_shape, n, spec):
+    """On the host's tile and on AVX2's 6 x 16 (uneven row blocks: M = 32 is 6, 6, 5, 5,
+    5, 5 there), two threads."""
     rng = np.random.default_rng(0)
     k = a_shape[-1]
     w = rng.standard_normal((k, n)).astype(np.float32)
     a = rng.standard_normal(a_shape).astype(np.float32)
-    y, = CpuStep(compile_graph(_matmul(a_shape, (k, n), w))).run([a])
+    y, = CpuStep(compile_graph(_matmul(a_shape, (k, n), w), target=spec), threads=2).run([a])
     want = a.astype(np.float64) @ w
     # float32 products summed over k: error grows like sqrt(k) ulps of the row's scale
     scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
@@ -88,6 +91,19 @@ def test_two_threads_match_one():
     cg.set_threads(2)
     two, = cg.run([a])
     np.testing.assert_array_equal(one, two)
+
+
+def test_row_blocks_are_as_even_as_can_be():
+    """(tallest rows, blocks, blocks that tall): the rest are one row shorter, so no
+    block is left with a lone row or two (half the FMA rate: too few accumulators)."""
+    assert gemm.row_split(32, 6) == (6, 6, 2)  # 6, 6, 5, 5, 5, 5
+    assert gemm.row_split(49, 12) == (10, 5, 4)  # 10, 10, 10, 10, 9
+    assert gemm.row_split(48, 12) == (12, 4, 4) and gemm.row_split(1, 6) == (1, 1, 1)
+    for m in range(1, 80):
+        for mr in (2, 6, 12):
+            rows, blocks, big = gemm.row_split(m, mr)
+            assert rows <= mr and 1 <= big <= blocks
+            assert big * rows + (blocks - big) * (rows - 1) == m
 
 
 def test_tile_rows_use_the_fewest_blocks_then_the_shortest():
