@@ -58,9 +58,13 @@ class Steps:
         self.host = host
         self.cache = cache
         self.adapt = adapt
+        # whether the host runs every step (no braze kernel shares its cores): see
+        # onnx_host_step's `spin`
+        self.host_only = False
 
     def parts(self, plan: Plan) -> list[Part]:
         """One part per cluster, in step order."""
+        self.host_only = not any(c.compiled for c in plan.clusters)
         return [self.part(outline(plan.graph, c), c.compiled) for c in plan.clusters]
 
     def part(self, sub: Graph, compiled: bool) -> Part:
@@ -97,25 +101,30 @@ class Steps:
         return Part(sub, code, code.run if self.adapt is None else self.adapt(code.run))
 
 
-def onnx_host_step(sub: Graph, threads: int, opset: int) -> StepFn:
+def onnx_host_step(sub: Graph, threads: int, opset: int, spin: bool = False) -> StepFn:
     """One onnxruntime session for the sub-graph; if onnxruntime refuses the whole (old
-    host ops beside ops exported at a newer opset), one session per node instead."""
+    host ops beside ops exported at a newer opset), one session per node instead.
+    `spin`: the session's threads may spin between its parallel sections (only where no
+    braze kernel runs on the same cores: see OnnxHostStep)."""
     from runtime.executable import build_executable
     from runtime.fallback_onnx import OnnxHostStep
 
     try:
-        return OnnxHostStep(sub, threads=threads, opset=opset)
+        return OnnxHostStep(sub, threads=threads, opset=opset, spin=spin)
     except CompileError:
         parts = singletons(sub)
         if len(parts) <= 1:
             raise
     log.info("onnxruntime refused host cluster %s whole; running its %d nodes one by one",
              sub.name, len(parts))
-    steps = [OnnxHostStep(outline(sub, c), threads=threads, opset=opset) for c in parts]
+    steps = [OnnxHostStep(outline(sub, c), threads=threads, opset=opset, spin=spin)
+             for c in parts]
     return build_executable(sub, parts, steps).run
 
 
 def onnx_steps(opts: Options, opset: int) -> Steps:
     """The ONNX front ends' steps (compile_onnx and artifacts): onnxruntime for the host,
     compiled code kept in the on-disk cache."""
-    return Steps(opts, lambda sub: onnx_host_step(sub, opts.threads, opset), compile_cache())
+    steps = Steps(opts, lambda sub: onnx_host_step(sub, opts.threads, opset,
+                                                   spin=steps.host_only), compile_cache())
+    return steps

@@ -48,6 +48,12 @@ CHEAP_CLUSTER_ELEMENTS = 4096
 CHEAP_FAMILIES = frozenset({Family.ELEMENTWISE, Family.MOVEMENT})
 CHEAP_REASON = ("too cheap to compile on its own between host nodes "
                 f"(elementwise/movement, < {CHEAP_CLUSTER_ELEMENTS} elements)")
+# A reshape moves no data on either side, whatever its size: a cluster of reshapes
+# between host nodes goes to the host too, so that the host runs them in one step
+# with their neighbours instead of two hand-offs around a compiled step that does
+# nothing (a 2-layer GRU exported by torch: 4 steps -> 1, 2.7 -> 2.1 ms a call).
+VIEW_OPS = frozenset({"reshape"})
+VIEW_REASON = "a reshape between host nodes: the host runs it in the same step, for free"
 
 # Unconnected clusters of one kind are merged with at most this many earlier
 # ones (nearest in topological order first): each try is a bounded search, and
@@ -152,10 +158,11 @@ class _Partition:
     def demote_cheap(self) -> None:
         """Profitability: cheap compiled clusters surrounded by host ones go to the host."""
         for c in self.live():
-            if self.compiled[c] and cheap_refusal(self, c) is not None:
+            reason = cheap_refusal(self, c) if self.compiled[c] else None
+            if reason is not None:
                 self.compiled[c] = False
                 for i in self.members[c]:
-                    self.reasons[self.nodes[i]] = CHEAP_REASON
+                    self.reasons[self.nodes[i]] = reason
 
 
 def cheap_refusal(part: _Partition, c: int) -> str | None:
@@ -163,12 +170,13 @@ def cheap_refusal(part: _Partition, c: int) -> str | None:
     nodes = [part.nodes[i] for i in part.members[c]]
     if any(n.opdef.family not in CHEAP_FAMILIES for n in nodes):
         return None
-    if sum(o.type.size for n in nodes for o in n.outputs) >= CHEAP_CLUSTER_ELEMENTS:
+    views = all(n.op in VIEW_OPS for n in nodes)
+    if not views and sum(o.type.size for n in nodes for o in n.outputs) >= CHEAP_CLUSTER_ELEMENTS:
         return None
     neighbours = part.cycles.succ[c] | part.cycles.pred[c]
     if not neighbours or any(part.compiled[m] for m in neighbours):
         return None
-    return CHEAP_REASON
+    return VIEW_REASON if views else CHEAP_REASON
 
 
 def partition(graph: Graph, supports: Supports, *, demote_cheap: bool = True) -> list[Cluster]:

@@ -10,6 +10,7 @@ from compiler.interp import evaluate
 from compiler.ir import Graph, TensorType, verify
 from compiler.passes.cluster import (
     CHEAP_REASON,
+    VIEW_REASON,
     describe_partition,
     outline,
     partition,
@@ -160,6 +161,27 @@ graph main(%x: f32[4]) -> (%y) {
     assert summary(clusters) == [("host", ["h1", "e", "y"])]
     assert clusters[0].reasons[g.nodes[1]] == CHEAP_REASON
     # with demotion off (allow_fallback=False), the compilable node stays compiled
+    kept = partition(parse_graph(text), refusing({"sin"}), demote_cheap=False)
+    assert [c.kind for c in kept] == ["host", "compiled", "host"]
+
+
+def test_a_reshape_of_any_size_between_host_nodes_goes_to_the_host():
+    """A reshape moves nothing: between host nodes it joins them in one host step,
+    however many elements it has (an elementwise op that large stays compiled)."""
+    text = """
+graph main(%x: f32[64,128]) -> (%y) {
+  %h1 = sin(%x) : f32[64,128]
+  %r = reshape(%h1) {shape=[8192]} : f32[8192]
+  %y = sin(%r) : f32[8192]
+}"""
+    g = parse_graph(text)
+    clusters = partition(g, refusing({"sin"}))
+    assert summary(clusters) == [("host", ["h1", "r", "y"])]
+    assert clusters[0].reasons[g.nodes[1]] == VIEW_REASON
+    big = parse_graph(text.replace("reshape(%h1) {shape=[8192]} : f32[8192]",
+                                   "exp(%h1) : f32[64,128]").replace("f32[8192]",
+                                                                     "f32[64,128]"))
+    assert [c.kind for c in partition(big, refusing({"sin"}))] == ["host", "compiled", "host"]
     kept = partition(parse_graph(text), refusing({"sin"}), demote_cheap=False)
     assert [c.kind for c in kept] == ["host", "compiled", "host"]
 
