@@ -14,13 +14,14 @@ import math
 import torch
 
 from compiler import dtypes
+from compiler.ops import facets
 from importers.fx_context import Ctx, Fallback, converts
 
 aten = torch.ops.aten
 
 # aten unary overload -> IR op; the operand is cast to the output dtype first
 # (exp of an int tensor is a float tensor, as torch promotes it).
-_UNARY = {
+_UNARY = facets.attach_imports("fx_import", {
     aten.neg.default: "neg", aten.abs.default: "abs", aten.sign.default: "sign",
     aten.exp.default: "exp", aten.expm1.default: "expm1", aten.log.default: "log",
     aten.log1p.default: "log1p", aten.sqrt.default: "sqrt",
@@ -31,13 +32,13 @@ _UNARY = {
     aten.atanh.default: "atanh", aten.sigmoid.default: "sigmoid", aten.erf.default: "erf",
     aten.floor.default: "floor", aten.ceil.default: "ceil", aten.round.default: "round",
     aten.bitwise_not.default: "bitnot",
-}
+})
 
 # aten predicate -> IR op (bool result; the operand keeps its dtype)
-_PREDICATE = {aten.isnan.default: "isnan", aten.isinf.default: "isinf"}
+_PREDICATE = facets.attach_imports("fx_import", {aten.isnan.default: "isnan", aten.isinf.default: "isinf"})
 
 # aten binary overloads -> IR op; operands cast to the output dtype
-_ARITH = {
+_ARITH = facets.attach_imports("fx_import", {
     aten.mul.Tensor: "mul", aten.mul.Scalar: "mul",
     aten.div.Tensor: "div", aten.div.Scalar: "div",
     aten.maximum.default: "max", aten.minimum.default: "min",
@@ -47,17 +48,17 @@ _ARITH = {
     aten.bitwise_or.Tensor: "bitor", aten.bitwise_or.Scalar: "bitor",
     aten.bitwise_xor.Tensor: "bitxor", aten.bitwise_xor.Scalar: "bitxor",
     aten.atan2.default: None,  # atan2 has no IR op: refused in _binary
-}
+})
 
 # aten comparisons -> IR op; operands cast to their promoted dtype, result bool
-_COMPARE = {
+_COMPARE = facets.attach_imports("fx_import", {
     aten.eq.Tensor: "eq", aten.eq.Scalar: "eq", aten.ne.Tensor: "ne", aten.ne.Scalar: "ne",
     aten.lt.Tensor: "lt", aten.lt.Scalar: "lt", aten.le.Tensor: "le", aten.le.Scalar: "le",
     aten.gt.Tensor: "gt", aten.gt.Scalar: "gt", aten.ge.Tensor: "ge", aten.ge.Scalar: "ge",
-}
+})
 
-_LOGICAL = {aten.logical_and.default: "and", aten.logical_or.default: "or",
-            aten.logical_xor.default: "xor"}
+_LOGICAL = facets.attach_imports("fx_import", {aten.logical_and.default: "and", aten.logical_or.default: "or",
+            aten.logical_xor.default: "xor"})
 
 
 def _unary(ir_op):

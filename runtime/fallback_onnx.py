@@ -21,6 +21,7 @@ import onnx
 from onnx import FunctionProto, TensorProto, helper, numpy_helper
 
 from compiler import dtypes
+from compiler.ops import facets
 from compiler.errors import CompileError, host_op_error
 from compiler.ir import Graph, Node, Value
 from runtime.onnx_carriers import Carrier, carrier, data_dtype, retyped
@@ -292,7 +293,7 @@ def _avg_pool(em, n, ins, outs):
               count_include_pad=int(n.attrs["count_include_pad"]), **attrs)
 
 
-_EXPORTERS = {
+_EXPORTERS = facets.attach("onnx_export", {
     **{op: _unary for op in _UNARY},
     **{op: _binary for op in _BINARY},
     "bitand": _bool_bitwise, "bitor": _bool_bitwise, "bitxor": _bool_bitwise,
@@ -303,7 +304,7 @@ _EXPORTERS = {
     "reshape": _reshape, "transpose": _transpose, "broadcast": _broadcast, "slice": _slice,
     "concat": _concat, "pad": _pad, "gather": _gather,
     "matmul": _matmul, "attention": _attention, "conv": _conv, "max_pool": _max_pool, "avg_pool": _avg_pool,
-}
+})
 
 
 def _export_node(em: _Emitter, n: Node, ins: list[str], outs: list[str]) -> None:

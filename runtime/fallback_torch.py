@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from compiler import dtypes
 from compiler.errors import BrazeError, host_op_error
 from compiler.ir import Graph, Node
+from compiler.ops import facets
 
 log = logging.getLogger("braze")
 
@@ -209,7 +210,7 @@ def _channels_first(fn: Callable) -> Callable:
     return run
 
 
-_IR_OPS: dict[str, Callable] = {
+_IR_OPS: dict[str, Callable] = facets.attach("torch_host", {
     **{k: (lambda f: lambda node, x: f(x))(f) for k, f in _UNARY.items()},
     **{k: (lambda f: lambda node, a, b: f(a, b))(f) for k, f in _BINARY.items()},
     "div": _div,
@@ -229,7 +230,7 @@ _IR_OPS: dict[str, Callable] = {
     "conv": _channels_first(_conv),
     "max_pool": _channels_first(_max_pool),
     "avg_pool": _channels_first(_avg_pool),
-}
+})
 
 
 def _attention(node: Node, q, k, v, mask=None):

@@ -6,18 +6,19 @@ from __future__ import annotations
 from compiler.codegen.mathlib import FAST_F32
 from compiler.codegen.ops_llvm import binary_float
 from compiler.ir import Value
+from compiler.ops import facets
 from compiler.kernels import gemm
 
 # Epilogue ops applied to whole accumulator vectors (cpu.Renderer._register_epilogue):
 # the scalar emitter's own lowering (ops_llvm), which is type-generic for these ops, and
 # braze's float32 math (mathlib: exp, sigmoid, tanh, erf, log on vectors too), so SiLU,
 # GELU and the like run on the registers, never as a scalar loop over the stored tile.
-REGISTER_OPS = {
+REGISTER_OPS = facets.attach("cpu_vector", {
     **{op: (lambda op: lambda b, x, y: binary_float(b, op, x, y))(op)
        for op in ("add", "sub", "mul", "div", "max", "min")},
     **{op: (lambda fn: lambda b, x: fn(b, x))(fn) for op, fn in FAST_F32.items()},
     "neg": lambda b, x: b.fneg(x),
-}
+})
 
 
 def operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:

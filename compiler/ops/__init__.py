@@ -64,6 +64,10 @@ class OpDef:
     eval_fn: Callable[..., list[np.ndarray]] | None
     attrs: dict[str, tuple[str, object]] = field(default_factory=dict)
     check_fn: Callable[[Node], None] | None = None
+    # what each format does with the op, attached by the formats' tables
+    # (compiler/ops/facets.py): facet -> entry, and facet -> foreign names imported as it
+    facets: dict[str, object] = field(default_factory=dict, repr=False)
+    imports: dict[str, set] = field(default_factory=dict, repr=False)
 
     def normalize_attrs(self, attrs: dict, node_name: str = "") -> dict:
         """Fill defaults, coerce to canonical types, reject unknown/missing attributes."""

@@ -8,13 +8,14 @@ exception: its exponent may have another type, so it is cast to the base's.
 
 from __future__ import annotations
 
+from compiler.ops import facets
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 from importers.onnx_types import dtype_of_elem
 
 # ONNX op -> (IR op, first schema version converted). Versions before these
 # carried legacy attributes (broadcast, consumed_inputs) and are left to the host.
-UNARY = {
+UNARY = facets.attach_imports("onnx_import", {
     "Abs": ("abs", 6), "Neg": ("neg", 6), "Sign": ("sign", 9), "Exp": ("exp", 6),
     "Log": ("log", 6), "Sqrt": ("sqrt", 6), "Reciprocal": ("reciprocal", 6),
     "Sin": ("sin", 7), "Cos": ("cos", 7), "Tan": ("tan", 7), "Asin": ("asin", 7),
@@ -23,18 +24,19 @@ UNARY = {
     "Tanh": ("tanh", 6), "Sigmoid": ("sigmoid", 6), "Erf": ("erf", 9),
     "Floor": ("floor", 6), "Ceil": ("ceil", 6), "Round": ("round", 11),
     "IsNaN": ("isnan", 9), "Not": ("not", 1), "BitwiseNot": ("bitnot", 18),
-}
+})
 
-BINARY = {
+BINARY = facets.attach_imports("onnx_import", {
     "Add": ("add", 7), "Sub": ("sub", 7), "Mul": ("mul", 7), "Div": ("div", 7),
     "Equal": ("eq", 7), "Greater": ("gt", 7), "Less": ("lt", 7),
     "GreaterOrEqual": ("ge", 12), "LessOrEqual": ("le", 12),
     "And": ("and", 7), "Or": ("or", 7), "Xor": ("xor", 7),
     "BitwiseAnd": ("bitand", 18), "BitwiseOr": ("bitor", 18), "BitwiseXor": ("bitxor", 18),
-}
+})
 
 # variadic ONNX op -> (pairwise IR op, first schema version converted)
-VARIADIC = {"Sum": ("add", 6), "Max": ("max", 6), "Min": ("min", 6), "Mean": ("add", 6)}
+VARIADIC = facets.attach_imports("onnx_import", {
+    "Sum": ("add", 6), "Max": ("max", 6), "Min": ("min", 6), "Mean": ("add", 6)})
 
 
 def _unary(ir_op: str):
