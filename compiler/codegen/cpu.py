@@ -30,7 +30,7 @@ from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delineari
                                       linear_index, scalar_constant)
 from compiler.codegen.faults import FAULTS, FaultWord
 from compiler.codegen.kernel_facts import CODE_SIZE as _CODE_SIZE
-from compiler.codegen.kernel_facts import LOOP_BLOCK, PACKED, by_columns, empty_matmul
+from compiler.codegen.kernel_facts import LOOP_BLOCK, PACKED, by_columns
 from compiler.codegen.kernel_facts import extent as _extent
 from compiler.codegen.kernel_facts import may_fault as _may_fault
 from compiler.codegen.kernel_facts import signature as _signature
@@ -147,7 +147,7 @@ class Renderer:
         impl = k.impl.name if k.impl is not None else None
         if root.type.size == 0:  # an empty dim (an empty batch): nothing to write
             pass
-        elif node is not None and empty_matmul(node):
+        elif impl == choice.EMPTY_MATMUL:
             inner = root.shape[-1] if root.shape else 1
             counted_loop(b, lo, hi, lambda b, o: self._row_of_loop(
                 b, ptrs, k, o, inner, {node.outputs[0]: scalar_constant(0, root.dtype)}))

@@ -40,7 +40,7 @@ def extent(k: Kernel) -> tuple[int, bool]:
     if root.type.size == 0:
         return 0, False
     impl = k.impl.name if k.impl is not None else None
-    if node is not None and empty_matmul(node):
+    if impl == choice.EMPTY_MATMUL:
         outer, work = root.type.size // (root.shape[-1] if root.shape else 1), root.type.size
     elif impl == choice.GEMM:
         shape = choice.shape(node, k.impl)
@@ -92,13 +92,6 @@ def transposed_last(v: Value) -> bool:
     its rows are then contiguous in its source, and packing reads them down the rows."""
     p = v.producer
     return p is not None and p.op == "transpose" and p.attrs["perm"][-1] == len(v.shape) - 2
-
-
-def empty_matmul(node) -> bool:
-    """Whether `node` is a matmul with nothing to sum (x[2, 0] @ w[0, 3]): its result is
-    zeros, and its kernel the epilogue applied to zero, as a loop kernel (the tile kernels
-    assume one product at least; conv.refusal sends an empty conv to the host)."""
-    return node.op == "matmul" and node.inputs[0].shape[-1] == 0
 
 
 def signature(k: Kernel, local: dict) -> tuple | None:

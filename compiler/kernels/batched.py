@@ -62,11 +62,12 @@ def refusal(node) -> str | None:
 
 
 def folds_operand(node, u) -> bool:
-    """Whether `u`, matmul `node`'s right operand, is read through the packing loop's
-    index arithmetic (a movement op's result) instead of a buffer of its own."""
+    """Whether `u`, the right operand of a matmul that runs on this kernel (the caller
+    knows from choice.choose), is read through the packing loop's index arithmetic (a
+    movement op's result) instead of a buffer of its own."""
     from compiler.ops import Family
 
-    return (u is node.inputs[1] and u is not node.inputs[0] and refusal(node) is None
+    return (u is node.inputs[1] and u is not node.inputs[0]
             and u.producer is not None and u.producer.opdef.family is Family.MOVEMENT)
 
 

@@ -6,7 +6,7 @@ as `Kernel.impl`; cpu.py (rendering, trip counts, code-size estimate), compiled.
 (packed operands) and benchmarks/layers.py read that field, never the refusal
 functions below. To add a kernel family, add its name and its rule here.
 
-CPU rules, in order: a matmul with a constant 2-d float32 right operand runs on the
+CPU rules, in order: a matmul with nothing to sum (K = 0) is zeros; one with a constant 2-d float32 right operand runs on the
 packed GEMM (gemm.refusal), a float32 one with run-time operands on the same
 micro-kernel with B packed at run time (batched.refusal), any other on the row kernel;
 attention on its fused kernel; a conv with group > 1
@@ -34,6 +34,7 @@ GROUPED = "grouped"  # direct channels-last conv with group > 1, depthwise too (
 WINOGRAD = "winograd"  # Winograd F(m x m, 3 x 3) (winograd.py)
 DIRECT_CONV = "direct_conv"  # direct implicit GEMM on channels-last input (conv.py)
 TILED_MATMUL = "tiled_matmul"  # CUDA: TILE x TILE outputs per block (codegen/cuda.py)
+EMPTY_MATMUL = "empty_matmul"  # K = 0: zeros through the epilogue, a loop kernel (cpu.py)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ def choose(node: Node, target=targets.HOST) -> Impl:
     if targets.kind(target) == "cuda":
         return Impl(TILED_MATMUL, "CUDA: shared-memory tiles, one output per thread")
     tile = gemm.Tile.of(targets.parse(target))
+    if node.op == "matmul" and node.inputs[0].shape[-1] == 0:
+        return Impl(EMPTY_MATMUL, "nothing to sum (K = 0): the product is zeros, so the "
+                    "kernel is its epilogue applied to zero (the tile kernels assume one "
+                    "product at least)", tile=tile)
     if node.op == "matmul":
         reason = gemm.refusal(node)
         if reason is None:

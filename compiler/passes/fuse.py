@@ -46,6 +46,7 @@ from compiler import dtypes
 from compiler.ir import Graph, Node, Value
 from compiler import target as targets
 from compiler.kernels import batched
+from compiler.kernels import choice
 from compiler.kernels.choice import Impl, choose
 from compiler.ops import Family
 from compiler.ops.reduction import reduced_shape
@@ -182,7 +183,7 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
             else:
                 reasons.setdefault(n.outputs[0], f"{n.op} result: written by its own kernel")
             for u in n.inputs:
-                if fold_operands and _folds(n, u):
+                if fold_operands and _folds(n, u, target):
                     continue  # read through its movement ops while it is packed
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
@@ -200,13 +201,15 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
             return FusionPlan(kernels, set(reasons), reasons, notes)
 
 
-def _folds(node: Node, u: Value) -> bool:
+def _folds(node: Node, u: Value, target) -> bool:
     """Whether contraction `node` reads its operand `u` (a movement op's result) through
     the emitter while packing it, so that `u` needs no buffer: the batched GEMM's B
-    (kernels/batched.py), every operand of attention (kernels/attention.py)."""
-    if node.op == "attention":
+    (kernels/batched.py), every operand of attention (kernels/attention.py). Which kernel
+    runs `node` is choice.choose's to say (the same answer the plan records)."""
+    impl = choose(node, target).name
+    if impl == choice.ATTENTION:
         return u.producer is not None and u.producer.opdef.family is Family.MOVEMENT
-    return node.op == "matmul" and batched.folds_operand(node, u)
+    return impl == choice.BATCHED and batched.folds_operand(node, u)
 
 
 def _epilogue(node: Node, at: int, users: dict, graph: Graph, claimed: set) -> list[Node]:

@@ -44,6 +44,14 @@ graph m({head}) -> (%y) {{
 """, {"w": w} if const else None)
 
 
+def _empty_matmul():
+    return parse_graph("""
+graph m(%a: f32[8,0], %w: f32[0,24]) -> (%y) {
+  %y = matmul(%a, %w) : f32[8,24]
+}
+""")
+
+
 def _int_matmul():
     return parse_graph("""
 graph m(%a: i32[8,16], %w: i32[16,24]) -> (%y) {
@@ -59,6 +67,7 @@ CASES = [
     ("gemm", lambda: _matmul(True), "constant 2-d right operand"),
     ("batched_gemm", lambda: _matmul(False), "B packed at run time"),
     ("row_matmul", lambda: _int_matmul(), "not the run-time-packed one: dtype i32"),
+    ("empty_matmul", lambda: _empty_matmul(), "nothing to sum (K = 0)"),
 ]
 
 
@@ -91,7 +100,8 @@ def test_no_module_but_the_choice_decides_a_kernel():
     """The kernel refusals (gemm/winograd) and Winograd's tile size are asked only by
     choice.py (and by the kernels themselves); conv.refusal also by codegen's legality
     check (what the layout pass converts), which is not a kernel choice."""
-    pattern = re.compile(r"\b(gemm\.refusal|winograd\.refusal|winograd\.plan|tile_size)\(")
+    pattern = re.compile(r"\b(gemm\.refusal|batched\.refusal|winograd\.refusal|winograd\.plan"
+                         r"|tile_size)\(")
     # batched.refusal defers to gemm.refusal (a constant B belongs to the packed GEMM)
     allowed = {"compiler/kernels/choice.py", "compiler/kernels/winograd.py",
                "compiler/kernels/batched.py"}
