@@ -276,6 +276,11 @@ class _Specialization:
         self.clusters = plan.clusters
         dump(opts, runner.name, "opt.ir", str(plan.graph))
         dump(opts, runner.name, "clusters.txt", plan.describe())
+        if opts.dump_dir:  # what `braze explain --kernels` prints for an ONNX model
+            from compiler.passes.fuse import describe_kernels
+
+            dump(opts, runner.name, "kernels.txt",
+                 describe_kernels(plan.graph, plan.clusters, opts.target))
         plan.check()
         _log_host_nodes(runner.name, self.clusters)
         self.parts = _TorchSteps(runner, imported.host_ops).parts(plan)

@@ -242,6 +242,7 @@ class _Importer:
     def convert(self, node, target, args, kwargs, val):
         used = frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
         cx = Ctx(self.graph, node.name, target, val, used)
+        cx.arg_vals = [self.val(a) if isinstance(a, torch.fx.Node) else None for a in node.args]
         out = CONVERTERS[target](cx, *args, **kwargs)
         _check_types(node, out, val)
         return out

@@ -67,6 +67,7 @@ class Ctx:
         self.target = target
         self.vals = vals  # the node's fake output: a tensor or a tuple of them
         self.used = used  # for tuple outputs: the indices something reads
+        self.arg_vals: list = []  # the fake values of the node's positional node args
 
     # -- what aten says the result is ---------------------------------------
 

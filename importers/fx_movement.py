@@ -9,6 +9,7 @@ happens here.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from importers.fx_context import Ctx, Fallback, converts, norm_dim
@@ -211,6 +212,31 @@ def _pad(cx: Ctx, x, pad, value=0):
                                                                                 "f64"):
         raise Fallback(f"pad value {value} for dtype {x.dtype}")
     return cx.op("pad", x, pads=begins + ends, mode="constant", value=float(value))
+
+
+@converts(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided(cx: Ctx, x, size, stride, storage_offset=None):
+    """out[i] = storage[offset + sum_k i_k * stride_k] over x's storage. The IR holds x in
+    logical row-major order, which is its storage order when x is contiguous: then this is
+    a reshape (when it reads every element in order) or a gather at indices known now."""
+    fake = cx.arg_vals[0] if cx.arg_vals else None
+    if not isinstance(fake, torch.Tensor) or not fake.is_contiguous():
+        raise Fallback("as_strided of a tensor that is not contiguous (its storage order is "
+                       "not the IR's)")
+    offset = (fake.storage_offset() if storage_offset is None else int(storage_offset)) \
+        - fake.storage_offset()
+    size, stride = [int(d) for d in size], [int(s) for s in stride]
+    index = np.full(size, offset, np.int64)
+    for k, (n, s) in enumerate(zip(size, stride)):
+        index += (np.arange(n, dtype=np.int64) * s).reshape([-1 if j == k else 1
+                                                             for j in range(len(size))])
+    numel = int(np.prod(x.shape, dtype=np.int64))
+    if index.size and (index.min() < 0 or index.max() >= numel):
+        raise Fallback("as_strided reads outside its input's elements")
+    flat = cx.reshape(x, (numel,))
+    if index.size == numel and np.array_equal(index.reshape(-1), np.arange(numel)):
+        return cx.reshape(x, size)
+    return cx.op("gather", flat, cx.const(index), axis=0)
 
 
 @converts(aten.index_select.default)

@@ -22,6 +22,7 @@ from compiler.ir import Graph, IRError, verify
 from compiler.passes.attention import fuse_attention
 from compiler.passes.fold import fold_affine_into_contractions
 from compiler.passes.identities import simplify_identities
+from compiler.passes.sink import sink_reshapes
 from compiler.passes.simplify import eliminate_common_subexpressions, fold_constants, remove_dead
 
 log = logging.getLogger("braze.passes")
@@ -54,6 +55,10 @@ DEFAULT: list[Entry] = [
           "shape chains and weight transforms become constants that later rules can read"),
     Entry(simplify_identities,
           "x*1, x+0, no-op movement and cast chains vanish before anything matches on them"),
+    Entry(sink_reshapes,
+          "reshapes between a matmul and its rows or its epilogue move aside, so the GEMM "
+          "reads the activation in place and the epilogue fuses (torch's Linear on 4-d "
+          "activations)"),
     Entry(eliminate_common_subexpressions,
           "duplicates computed once, so single-reader checks see the true readers"),
     Entry(fuse_attention,

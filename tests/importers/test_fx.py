@@ -108,3 +108,27 @@ def test_converters_match_eager(fn):
     verify(imp.graph)
     assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
     np.testing.assert_allclose(_run(imp, [x])[0], fn(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn, want_ops", [
+    (lambda x: x.as_strided((6, 4), (4, 1)), {"reshape"}),  # every element, in order
+    (lambda x: x.as_strided((3, 2), (1, 6)), {"gather"}),  # a strided view: a gather
+    (lambda x: x.as_strided((2, 2), (6, 1), 3), {"gather"}),  # with a storage offset
+    (lambda x: (x * 2).as_strided((4, 1, 1), (6, 1, 1)), {"gather"}),
+])
+def test_as_strided_of_a_contiguous_tensor_is_index_arithmetic(fn, want_ops):
+    x = torch.randn(4, 6)
+    _, imp = _import(fn, x)
+    verify(imp.graph)
+    assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
+    assert want_ops <= {n.op for n in imp.graph.nodes}
+    np.testing.assert_array_equal(_run(imp, [x])[0], fn(x).numpy())
+
+
+def test_as_strided_of_a_non_contiguous_tensor_stays_on_torch():
+    x = torch.randn(4, 6)
+    fn = lambda x: x.t().as_strided((3, 2), (1, 4))  # noqa: E731  (reads x's storage)
+    _, imp = _import(fn, x)
+    hosts = [n for n in imp.graph.nodes if n.op == "host"]
+    assert hosts and "not contiguous" in hosts[0].attrs["reason"]
+    np.testing.assert_array_equal(_run(imp, [x])[0], fn(x).numpy())

@@ -1,0 +1,84 @@
+"""Reshapes moved aside (compiler/passes/sink.py): structure after the pass pipeline, the
+same numbers as before it, the refusals, and the fused kernels it buys."""
+
+import numpy as np
+import pytest
+
+from compiler.codegen import compile_graph
+from compiler.interp import evaluate
+from compiler.ir import verify
+from compiler.passes.fuse import plan
+from compiler.passes.pipeline import run_passes
+from compiler.text import parse_graph
+from runtime.cpu import CpuStep
+
+RNG = np.random.default_rng(3)
+W = RNG.standard_normal((8, 12)).astype(np.float32)
+B = RNG.standard_normal(12).astype(np.float32)
+
+# torch's Linear + GELU-ish epilogue on a [1, 4, 5, 8] activation, as dynamo gives it
+LINEAR_4D = """
+graph g(%x: f32[1,4,5,8]) -> (%y) {
+  %w = const() {value=@w} : f32[8,12]
+  %b = const() {value=@b} : f32[12]
+  %half = const() {value=dense<f32[]: [0.5]>} : f32[]
+  %v = reshape(%x) {shape=[20, 8]} : f32[20,8]
+  %m = matmul(%v, %w) : f32[20,12]
+  %a = add(%m, %b) : f32[20,12]
+  %r = reshape(%a) {shape=[1, 4, 5, 12]} : f32[1,4,5,12]
+  %t = tanh(%r) : f32[1,4,5,12]
+  %y = mul(%t, %half) : f32[1,4,5,12]
+}
+"""
+
+
+def _after_passes(text: str, consts: dict):
+    g = parse_graph(text, consts)
+    xs = [RNG.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    want = evaluate(g, xs)
+    run_passes(g)
+    verify(g)
+    for got, ref in zip(evaluate(g, xs), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    return g, xs, want
+
+
+def test_the_matmul_reads_the_activation_and_the_epilogue_fuses():
+    g, xs, want = _after_passes(LINEAR_4D, {"w": W, "b": B})
+    ops = [n.op for n in g.nodes if n.op != "const"]
+    assert "reshape" not in ops, ops
+    matmul = next(n for n in g.nodes if n.op == "matmul")
+    assert matmul.inputs[0] is g.inputs[0] and matmul.outputs[0].shape == (1, 4, 5, 12)
+    (k,) = plan(g).kernels  # one GEMM with bias, tanh and scale on its registers
+    assert k.contraction is matmul and k.impl.name == "gemm"
+    got = CpuStep(compile_graph(g), threads=2).run(xs)[0]
+    np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("text, why", [
+    # the reshape changes the last dim: rows are not merely merged
+    ("""
+graph g(%x: f32[4,6]) -> (%y) {
+  %w = const() {value=@w} : f32[8,12]
+  %v = reshape(%x) {shape=[3, 8]} : f32[3,8]
+  %y = matmul(%v, %w) : f32[3,12]
+}""", "last dim"),
+    # a full-shape operand of the elementwise op: broadcasting would differ
+    ("""
+graph g(%x: f32[20,12], %z: f32[4,5,12]) -> (%y) {
+  %r = reshape(%x) {shape=[4, 5, 12]} : f32[4,5,12]
+  %y = add(%r, %z) : f32[4,5,12]
+}""", "add"),
+])
+def test_reshapes_that_do_more_than_merge_rows_stay(text, why):
+    g, _, _ = _after_passes(text, {"w": W})
+    assert any(n.op == "reshape" for n in g.nodes), why
+
+
+def test_a_reshape_with_other_readers_is_not_duplicated():
+    g, _, _ = _after_passes("""
+graph g(%x: f32[20,12]) -> (%y, %r) {
+  %r = reshape(%x) {shape=[4, 5, 12]} : f32[4,5,12]
+  %y = exp(%r) : f32[4,5,12]
+}""", {})
+    assert [n.op for n in g.nodes].count("reshape") == 1
