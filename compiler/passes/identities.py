@@ -11,6 +11,8 @@ Neutral operands (every element of c equal to the neutral value):
   x + 0 turns -0.0 into +0.0 in IEEE arithmetic; the two compare equal and
   every framework's simplifier (XLA's included) makes this trade.
   NaN stays NaN: NaN*1, NaN+0 and max(NaN, -inf) are NaN, as x is.
+Division by a float constant 2^k: x / c -> x * (1/c) (1/c is exact, so both round the
+same real number; a multiply is several times cheaper than a divide in a kernel).
 Involutions: neg(neg(x)) -> x, not(not(x)) -> x.
 select(c, a, b) with c all true -> a, all false -> b; select(p, a, a) -> a.
 Casts:
@@ -39,7 +41,7 @@ from compiler import dtypes
 from compiler.ir import Graph, Node, Value
 from compiler.ops.elementwise import BINARY
 from compiler.ops.reduction import REDUCE
-from compiler.passes.rules import Context, Rule, apply_rules, const_value, forwardable
+from compiler.passes.rules import Context, Rule, apply_rules, const_value, forwardable, new_const
 
 
 def _all(arr: np.ndarray | None, value) -> bool:
@@ -217,7 +219,31 @@ def _as_reshape(graph: Graph, node: Node, shape: tuple) -> None:
     node.attrs = {"shape": tuple(shape)}
 
 
+def check_div_by_constant(node: Node, ctx: Context):
+    c = const_value(node.inputs[1])
+    if node.outputs[0].dtype not in ("f32", "f64") or c is None or c.size != 1:
+        return "not a float divided by one constant"
+    value = float(c.reshape(-1)[0])
+    if value == 0 or not np.isfinite(value):
+        return "the divisor is 0 or not finite"
+    if not _power_of_two(value):
+        return "1/c is not exact (x * (1/c) could differ from x / c in the last bit)"
+    return np.asarray(1.0 / value, dtype=c.dtype)
+
+
+def _power_of_two(v: float) -> bool:
+    """Whether |v| = 2^k: then 1/v is exact and x * (1/v) rounds the same value as x / v."""
+    m, _ = np.frexp(abs(v))
+    return m == 0.5
+
+
+def rewrite_div_by_constant(graph: Graph, node: Node, inv) -> None:
+    node.op = "mul"
+    graph.set_input(node, 1, new_const(graph, node, inv, "reciprocal"))
+
+
 RULES = [
+    Rule("div_by_constant", frozenset({"div"}), check_div_by_constant, rewrite_div_by_constant),
     Rule("neutral_operand", frozenset(_NEUTRAL), check_neutral, _forward),
     Rule("involution", frozenset({"neg", "not"}), check_involution, _forward),
     Rule("select_constant", frozenset({"select"}), check_select, _forward),

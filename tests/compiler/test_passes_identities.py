@@ -270,3 +270,19 @@ def test_rules_leave_a_graph_without_identities_alone():
     x = g.add_input("x", TensorType("f32", (2, 3)))
     g.outputs = [g.op("exp", g.op("transpose", x, perm=(1, 0)))]
     assert not simplify_identities(g)
+
+
+def test_division_by_a_power_of_two_becomes_a_multiply_and_others_stay():
+    text, g = simplified("""
+graph g(%x: f32[16]) -> (%y, %z) {
+  %c = const() {value=dense<f32[]: [0.25]>} : f32[]
+  %s = const() {value=dense<f32[]: [6.0]>} : f32[]
+  %y = div(%x, %c) : f32[16]
+  %z = div(%x, %s) : f32[16]
+}""")
+    ops = [n.op for n in g.nodes if n.op != "const"]
+    assert ops == ["mul", "div"], text  # 1/6 is not exact: x / 6 stays a division
+    mul = next(n for n in g.nodes if n.op == "mul")
+    assert float(mul.inputs[1].const_value) == 4.0
+    x = np.array([3.0, 1e-38, 3e38, -7.5, np.inf, np.nan], np.float32)
+    np.testing.assert_array_equal(x * np.float32(4.0), x / np.float32(0.25))
