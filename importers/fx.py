@@ -225,9 +225,21 @@ class _Importer:
         return None
 
     def factory(self, target, args, kwargs, val):
-        """Deterministic ops with no tensor inputs (zeros, arange, full) -> a constant."""
-        return None if any(isinstance(a, Value) for a in _flat(args) + _flat(kwargs)) else (
-            self._evaluate(target, args, kwargs, val))
+        """A deterministic op with no tensor inputs (zeros, arange, full), or one braze has
+        no converter for whose tensor inputs are all constants (Swin's shifted-window
+        mask: new_zeros, then slice_scatter and copy of counts) -> a constant, computed
+        by torch once, now. Ops that mutate an argument are left to run."""
+        values = [a for a in _flat(args) + _flat(kwargs) if isinstance(a, Value)]
+        if any(not a.is_const for a in values):
+            return None
+        if values and target._schema.is_mutable:
+            return None
+
+        def tensor(a):
+            return torch.from_numpy(np.array(a.const_value)) if isinstance(a, Value) else a
+
+        return self._evaluate(target, _map(args, tensor),
+                              {k: _map(v, tensor) for k, v in kwargs.items()}, val)
 
     def _evaluate(self, target, args, kwargs, val):
         if not isinstance(val, torch.Tensor) or val.numel() > FACTORY_CONST_LIMIT:

@@ -239,7 +239,7 @@ def _power_of_two(v: float) -> bool:
 
 def rewrite_div_by_constant(graph: Graph, node: Node, inv) -> None:
     node.op = "mul"
-    graph.set_input(node, 1, new_const(graph, node, inv, "reciprocal"))
+    graph.set_input(node, 1, new_const(graph, node, inv, "inverse"))
 
 
 RULES = [

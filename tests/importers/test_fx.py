@@ -132,3 +132,25 @@ def test_as_strided_of_a_non_contiguous_tensor_stays_on_torch():
     hosts = [n for n in imp.graph.nodes if n.op == "host"]
     assert hosts and "not contiguous" in hosts[0].attrs["reason"]
     np.testing.assert_array_equal(_run(imp, [x])[0], fn(x).numpy())
+
+
+def test_an_unconverted_op_on_constants_is_computed_once_at_import():
+    """cumsum has no converter, but here it reads only constants: torch computes it at
+    import and the graph holds the result (Swin's window mask is built this way)."""
+    x = torch.randn(4, 6)
+
+    def fn(x):  # what functionalization makes of mask[1:3] = 1
+        mask = torch.slice_scatter(torch.zeros(4, 6), torch.ones(2, 6), dim=0, start=1, end=3)
+        return x + torch.cumsum(mask, 0)
+
+    _, imp = _import(fn, x)
+    verify(imp.graph)
+    assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
+    np.testing.assert_array_equal(_run(imp, [x])[0], fn(x).numpy())
+
+
+def test_an_unconverted_op_on_a_run_time_value_still_runs_on_torch():
+    x = torch.randn(4, 6)
+    _, imp = _import(lambda x: torch.cumsum(x, 0) + torch.cumsum(torch.ones(4, 6), 1), x)
+    hosts = [n for n in imp.graph.nodes if n.op == "host"]
+    assert len(hosts) == 1 and hosts[0].inputs[0] is imp.graph.inputs[0]
