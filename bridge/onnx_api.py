@@ -17,6 +17,7 @@ import numpy as np
 from bridge.inputs import bind_inputs, check_input, input_spec
 from bridge.options import Options
 from bridge.specializations import SpecializationCache
+from bridge.onnx_fold import fold_constant_host_nodes
 from bridge.steps import Part, compile_cache, onnx_steps
 from compiler import driver
 from compiler.errors import BrazeError, InputError
@@ -46,6 +47,7 @@ class _Specialization:
         self.opset = imported.opset
         self.input_names = imported.input_names  # the model inputs the executable takes
         self.value_inputs = [n for n in imported.value_inputs if n not in values]
+        fold_constant_host_nodes(self.graph, self.opset)
         self.plan = driver.plan(self.graph, opts.target, opts.allow_fallback)
         self.clusters = self.plan.clusters
         self.parts: list[Part] = []  # per cluster, in step order: what save() writes
