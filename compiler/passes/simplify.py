@@ -24,7 +24,7 @@ import numpy as np
 from compiler import dtypes
 from compiler.errors import BrazeError
 from compiler.ir import Graph, Node, Value
-from compiler.ops import get_op
+from compiler.ops import Family, get_op
 from compiler.passes.rules import const_value
 
 log = logging.getLogger("braze.passes")
@@ -35,6 +35,12 @@ log = logging.getLogger("braze.passes")
 # at compile time, as inductor's freezing does; a scalar broadcast to a big
 # tensor is not, as it would bloat memory for nothing).
 FOLD_ALWAYS_ELEMENTS = 1 << 12
+# An elementwise op on broadcast constants (an outer product: Swin's window mask is
+# select(eq(sub(ids[w, 1, n], ids[w, n, 1]), 0), 0, -100), 64 x 49 x 49) computes a
+# result larger than its inputs; up to this many elements (1 MiB of float32) it is
+# folded all the same, as the work it saves runs on every call, inside a hot kernel.
+# A bare broadcast (a movement op) is not: kernels read it through index arithmetic.
+FOLD_GROWN_ELEMENTS = 1 << 18
 # Nothing larger than this is folded, to bound compile time and memory.
 FOLD_MAX_ELEMENTS = 1 << 26
 
@@ -56,7 +62,8 @@ def fold_refusal(node: Node) -> str | None:
     in_size = sum(v.type.size for v in node.inputs)
     if out_size > FOLD_MAX_ELEMENTS:
         return f"its result has {out_size} elements (> FOLD_MAX_ELEMENTS)"
-    if out_size > max(FOLD_ALWAYS_ELEMENTS, in_size):
+    grown = FOLD_GROWN_ELEMENTS if node.opdef.family is Family.ELEMENTWISE else 0
+    if out_size > max(FOLD_ALWAYS_ELEMENTS, in_size, grown):
         return f"its result ({out_size} elements) would outgrow its constant inputs"
     return None
 

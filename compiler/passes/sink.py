@@ -11,6 +11,10 @@ kernels against 45 from the ONNX export of the same model, 1.8x the time). Movin
       (the GEMM folds x's leading dims into its rows: the same products, in order)
   op(reshape(y), c...), y's last dim kept, each other operand a scalar or a row
   broadcast along the last dim                     -> reshape(op(y, c...))
+  op(reshape(y), c), the reshape splitting y's first dim, c a small constant
+                                                   -> reshape(op(y, c'))
+      (c' = c as y's rows see it: Swin's shifted-window mask, added to scores viewed
+      per window, becomes an additive mask of the scores themselves)
 
 after which reshape(reshape(v)) composes, and back to v's own shape vanishes
 (identities.py). Both rules only move a reshape (no data moves at run time, no value
@@ -19,9 +23,11 @@ changes): each element is computed from the same operands as before.
 
 from __future__ import annotations
 
+import numpy as np
+
 from compiler.ir import Graph, Node, Value
 from compiler.ops import Family, ops_in
-from compiler.passes.rules import Context, Rule, apply_rules
+from compiler.passes.rules import Context, Rule, apply_rules, new_const
 
 
 def _reshaped(v: Value) -> Value | None:
@@ -73,14 +79,43 @@ def check_elementwise(node: Node, ctx: Context):
     why = ctx.sole_reader(first)
     if why is not None:
         return why
-    if not all(_row_operand(c, y.type.rank) for c in node.inputs[1:]):
-        return "another operand is more than a scalar or a row"
-    return y
+    if all(_row_operand(c, y.type.rank) for c in node.inputs[1:]):
+        return y, None
+    if len(node.inputs) == 2:
+        folded = _split_operand(node.inputs[1], y.shape, first.shape)
+        if folded is not None:
+            return y, folded
+    return "another operand is more than a scalar, a row or a constant over split rows"
 
 
-def rewrite_elementwise(graph: Graph, node: Node, y: Value) -> Value:
+def _split_operand(c: Value, before: tuple, after: tuple):
+    """Where the reshape only splits y's first dim (y [A, d...] -> [B, W, d...], B*W = A)
+    and `c` is a small constant: c as seen by y's elements ([A, c's own trailing dims]),
+    so that op(reshape(y), c) = reshape(op(y, c')). Swin's shifted windows add their
+    mask this way: scores [B*nW, h, N, N] -> [B, nW, h, N, N] + mask[1, nW, 1, N, N]."""
+    arr = c.const_value
+    j = len(after) - len(before)  # dims the first one splits into, less one
+    if (arr is None or j < 1 or after[j + 1:] != before[1:] or arr.ndim > len(after)
+            or arr.size * before[0] > SPLIT_CONSTANT_ELEMENTS):
+        return None
+    arr = arr.reshape((1,) * (len(after) - arr.ndim) + arr.shape)
+    lead = np.broadcast_to(arr, after[:j + 1] + arr.shape[j + 1:])
+    return np.ascontiguousarray(lead.reshape((before[0],) + arr.shape[j + 1:]))
+
+
+# The largest operand _split_operand writes out (elements): a mask repeated per row
+# block, not a tensor the size of an activation.
+SPLIT_CONSTANT_ELEMENTS = 1 << 20
+
+
+def rewrite_elementwise(graph: Graph, node: Node, match) -> Value:
+    y, folded = match
     at = graph.nodes.index(node)
-    z = graph.add_node(node.op, [y, *node.inputs[1:]], dict(node.attrs), name=node.name,
+    rest = list(node.inputs[1:])
+    if folded is not None:
+        rest = [new_const(graph, node, folded, node.inputs[1].name)]
+        at += 1
+    z = graph.add_node(node.op, [y, *rest], dict(node.attrs), name=node.name,
                        index=at).output
     return graph.add_node("reshape", [z], {"shape": node.outputs[0].shape},
                           name=node.name, index=at + 1).output

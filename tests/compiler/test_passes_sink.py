@@ -82,3 +82,21 @@ graph g(%x: f32[20,12]) -> (%y, %r) {
   %y = exp(%r) : f32[4,5,12]
 }""", {})
     assert [n.op for n in g.nodes].count("reshape") == 1
+
+
+def test_a_mask_added_per_window_becomes_a_mask_of_the_scores():
+    """Swin: scores [B*nW, h, N, N] viewed as [B, nW, h, N, N] + mask[1, nW, 1, N, N], then
+    viewed back: the mask is repeated per window row block and added to the scores."""
+    mask = RNG.standard_normal((1, 2, 1, 4, 4)).astype(np.float32)
+    g, _, _ = _after_passes("""
+graph g(%s: f32[6,2,4,4]) -> (%y) {
+  %m = const() {value=@m} : f32[1,2,1,4,4]
+  %r = reshape(%s) {shape=[3, 2, 2, 4, 4]} : f32[3,2,2,4,4]
+  %a = add(%r, %m) : f32[3,2,2,4,4]
+  %b = reshape(%a) {shape=[6, 2, 4, 4]} : f32[6,2,4,4]
+  %y = exp(%b) : f32[6,2,4,4]
+}""", {"m": mask})
+    ops = [n.op for n in g.nodes if n.op != "const"]
+    assert ops == ["add", "exp"], ops
+    add = next(n for n in g.nodes if n.op == "add")
+    assert add.inputs[0] is g.inputs[0] and add.inputs[1].shape == (6, 1, 4, 4)
