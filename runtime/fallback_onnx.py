@@ -261,6 +261,37 @@ def _attention(em, n, ins, outs):
            outs)
 
 
+def _recurrence(em, n, ins, outs):
+    """recurrence as ONNX's own LSTM/GRU/RNN on the projected input: X = xw [T, B, D*G*H]
+    and W[d] the 0/1 matrix that selects direction d's columns (exact: one product by 1
+    per element); the outputs Y, Y_h (and Y_c) are stacked into the node's result."""
+    from compiler.ops.recurrence import dims
+
+    t, batch, d, g, h = dims(n)
+    dt = dtypes.to_numpy(n.inputs[0].dtype)
+    x = em.add("Reshape", [ins[0], em.ints([t, batch, d * g * h])])
+    w = np.zeros((d, g * h, d * g * h), dt)
+    for k in range(d):
+        w[k, :, k * g * h:(k + 1) * g * h] = np.eye(g * h, dtype=dt)
+    cell = n.attrs["cell"]
+    bias = em.const(np.zeros((d, 2 * g * h), dt), "bias")
+    if cell == "gru":  # Rb of the hidden gate is the last H of B
+        zeros = em.const(np.zeros((d, 2 * g * h - h), dt), "bias")
+        bias = em.add("Concat", [zeros, ins[4]], axis=1)
+    args = [x, em.const(w, "select"), ins[1], bias, ins[3], ins[2]]
+    if cell == "lstm":
+        args += [ins[4], ins[5]]
+    attrs = {"hidden_size": h, "direction": n.attrs["direction"]}
+    if n.attrs["clip"] > 0:
+        attrs["clip"] = n.attrs["clip"]
+    if cell == "gru":
+        attrs["linear_before_reset"] = int(n.attrs["linear_before_reset"])
+    names = [em.fresh("y") for _ in range(2 + (cell == "lstm"))]
+    em.add({"lstm": "LSTM", "gru": "GRU", "rnn": "RNN"}[cell], args, names, **attrs)
+    states = [em.add("Unsqueeze", [s, em.ints([0])]) for s in names[1:]]
+    em.add("Concat", [names[0]] + states, outs, axis=0)
+
+
 def _window_attrs(n) -> dict:
     return {"strides": list(n.attrs["strides"]), "pads": list(n.attrs["pads"]),
             "dilations": list(n.attrs["dilations"])}
@@ -303,7 +334,7 @@ _EXPORTERS = facets.attach("onnx_export", {
     **{op: _reduce for op in _REDUCE}, "argmax": _arg, "argmin": _arg,
     "reshape": _reshape, "transpose": _transpose, "broadcast": _broadcast, "slice": _slice,
     "concat": _concat, "pad": _pad, "gather": _gather,
-    "matmul": _matmul, "attention": _attention, "conv": _conv, "max_pool": _max_pool, "avg_pool": _avg_pool,
+    "matmul": _matmul, "attention": _attention, "recurrence": _recurrence, "conv": _conv, "max_pool": _max_pool, "avg_pool": _avg_pool,
 })
 
 

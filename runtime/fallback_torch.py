@@ -227,6 +227,8 @@ _IR_OPS: dict[str, Callable] = facets.attach("torch_host", {
     "gather": _gather,
     "matmul": lambda node, a, b: torch.matmul(a, b),
     "attention": lambda node, q, k, v, mask=None: _attention(node, q, k, v, mask),
+    # the time loop by the op's numpy reference (a recurrence braze does not compile)
+    "recurrence": lambda node, *args: _reference(node, list(args))[0],
     "conv": _channels_first(_conv),
     "max_pool": _channels_first(_max_pool),
     "avg_pool": _channels_first(_avg_pool),

@@ -42,10 +42,10 @@ def supports(node: Node, target: str = "cpu") -> str | None:
             reason = "NCHW: braze compiles it channels-last (the layout pass sets that)"
         if reason is not None:
             return _LIBRARY_CLASS.format(op=node.op) + f": {reason}"
-    if node.op == "attention":
-        from compiler.kernels import attention
+    if node.op in ("attention", "recurrence"):
+        from compiler.kernels import attention, recurrent
 
-        reason = attention.refusal(node)
+        reason = (attention if node.op == "attention" else recurrent).refusal(node)
         if reason is not None:
             return _LIBRARY_CLASS.format(op=node.op) + f": {reason}"
     for v in list(node.inputs) + list(node.outputs):

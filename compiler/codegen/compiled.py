@@ -24,7 +24,7 @@ from compiler.codegen.cpu import PACKED, Renderer, SplitRender
 from compiler.codegen.memory import MemoryPlan, plan_memory
 from compiler.errors import CompileError
 from compiler.ir import Graph, Value
-from compiler.kernels import choice, conv, gemm, grouped, winograd
+from compiler.kernels import choice, conv, gemm, grouped, recurrent, winograd
 from compiler.passes.fuse import FusionPlan, plan
 from compiler.text import print_graph
 
@@ -155,6 +155,9 @@ def packers(kernel) -> dict:
     bias = functools.partial(conv.pack_bias, tile=tile)
     if impl.name == choice.GEMM:
         return {1: functools.partial(gemm.pack_b, tile=tile)}
+    if impl.name == choice.RECURRENCE:  # R^T's panels when R is a constant
+        r = kernel.contraction.inputs[1]
+        return {1: functools.partial(recurrent.pack_r, tile=tile)} if r.is_const else {}
     if impl.name == choice.GROUPED:
         width = grouped.plan(kernel.contraction, tile.vec).width
         return {1: lambda w: grouped.pack_weight(w, width),

@@ -46,7 +46,8 @@ from compiler.codegen.lowering import (combine, counted_loop, is_flat,
 from compiler.codegen.ops_llvm import I32, I64, llvm_type, storage_type
 from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
-from compiler.kernels import attention, batched, choice, conv, gemm, grouped, winograd
+from compiler.kernels import (attention, batched, choice, conv, gemm, grouped, recurrent,
+                              winograd)
 from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
@@ -164,6 +165,8 @@ class Renderer:
             self._batched(b, ptrs, k, lo, hi)
         elif impl == choice.ATTENTION:
             self._attention(b, ptrs, k, lo, hi)
+        elif impl == choice.RECURRENCE:
+            self._recurrence(b, bufs, ptrs, k, lo, hi)
         elif impl == choice.ROW_MATMUL:
             counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row" and by_columns(k):
@@ -414,6 +417,39 @@ class Renderer:
         counted_loop(b, lo, hi, lambda b, o: attention.emit_item(
             b, shape, o, pack, last, reads, ptrs[k.root]))
         batched.release(b, pack)
+
+    def _recurrence(self, b, bufs, ptrs, k: Kernel, lo, hi) -> None:
+        """A recurrence's items (kernels/recurrent.py) on its buffers; R read packed when it
+        is a constant, peepholes left out when they are constant zeros."""
+        from compiler.ops.recurrence import EXTRA
+
+        node = k.contraction
+        shape = choice.shape(node, k.impl)
+        names = ("xw", "r", "h0", "lens") + EXTRA[shape.cell]
+        r = node.inputs[1]
+        packed = (PACKED, r) in self._local
+        named = {}
+        for name, v in zip(names, node.inputs):
+            if name == "r" and packed:
+                named[name] = self._buffers(b, bufs, [(PACKED, r)])[(PACKED, r)]
+            elif not (name == "p" and v.is_const and not np.asarray(v.const_value).any()):
+                named[name] = ptrs[v] if v in ptrs else self._literal(v)
+        named["out"] = ptrs[k.root]
+        scratch, last = recurrent.scratch(b, shape, packed)
+        counted_loop(b, lo, hi, lambda b, o: recurrent.emit_item(
+            b, shape, o, scratch, last, named, packed))
+        batched.release(b, scratch)
+
+    def _literal(self, v: Value):
+        """A constant that has no buffer (one element: codegen inlines those) as an
+        internal global, for kernels that read their operands through pointers."""
+        value = np.asarray(v.const_value).reshape(-1)
+        elem = llvm_type(v.dtype)
+        t = ir.ArrayType(elem, value.size)
+        g = ir.GlobalVariable(self.module, t, name=f"lit{len(self.module.globals)}")
+        g.linkage, g.global_constant = "internal", True
+        g.initializer = ir.Constant(t, [x.item() for x in value])
+        return g
 
     def _tile_hooks(self, ptrs, k: Kernel) -> tuple:
         """(after, before, transform) for a tile kernel: its epilogue on the registers

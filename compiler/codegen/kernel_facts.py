@@ -48,7 +48,8 @@ def extent(k: Kernel) -> tuple[int, bool]:
     elif impl == choice.BATCHED:
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.entries * shape.m * shape.n * shape.k
-    elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
+    elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV,
+                  choice.RECURRENCE):
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.macs
     elif impl == choice.ROW_MATMUL:

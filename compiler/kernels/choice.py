@@ -9,7 +9,8 @@ functions below. To add a kernel family, add its name and its rule here.
 CPU rules, in order: a matmul with nothing to sum (K = 0) is zeros; one with a constant 2-d float32 right operand runs on the
 packed GEMM (gemm.refusal), a float32 one with run-time operands on the same
 micro-kernel with B packed at run time (batched.refusal), any other on the row kernel;
-attention on its fused kernel; a conv with group > 1
+attention on its fused kernel; a recurrence (LSTM/GRU/RNN) on its own
+(recurrent.py); a conv with group > 1
 (depthwise included) runs on the grouped direct kernel (grouped.refusal), any other on
 Winograd F(m x m, 3 x 3) where winograd.refusal accepts it (m from
 winograd.tile_size), else on the direct implicit GEMM (conv.py). CUDA: a matmul runs
@@ -24,11 +25,12 @@ from dataclasses import dataclass
 
 from compiler import target as targets
 from compiler.ir import Node
-from compiler.kernels import attention, batched, conv, gemm, grouped, winograd
+from compiler.kernels import attention, batched, conv, gemm, grouped, recurrent, winograd
 
 GEMM = "gemm"  # packed register-blocked GEMM (gemm.py)
 BATCHED = "batched_gemm"  # run-time operands, B packed per call and thread (batched.py)
 ATTENTION = "attention"  # fused attention, online softmax over key tiles (attention.py)
+RECURRENCE = "recurrence"  # an LSTM/GRU/RNN time loop in one kernel (recurrent.py)
 ROW_MATMUL = "row_matmul"  # one output row per work item, vectorized over columns (cpu.py)
 GROUPED = "grouped"  # direct channels-last conv with group > 1, depthwise too (grouped.py)
 WINOGRAD = "winograd"  # Winograd F(m x m, 3 x 3) (winograd.py)
@@ -55,7 +57,7 @@ class Impl:
     @property
     def packs_operands(self) -> bool:
         """Whether the kernel reads its constant operands packed at compile time."""
-        return self.name in (GEMM, GROUPED, WINOGRAD, DIRECT_CONV)
+        return self.name in (GEMM, GROUPED, WINOGRAD, DIRECT_CONV, RECURRENCE)
 
 
 def choose(node: Node, target=targets.HOST) -> Impl:
@@ -82,6 +84,10 @@ def choose(node: Node, target=targets.HOST) -> Impl:
     if node.op == "attention":
         return Impl(ATTENTION, "one kernel per query block: scores on the micro-kernel, "
                     "online softmax over key tiles", tile=tile)
+    if node.op == "recurrence":
+        return Impl(RECURRENCE, "the time loop in one kernel: per step h x R^T on R^T's "
+                    "panels (packed at compile time when constant), then the gate math",
+                    tile=tile)
     if node.op == "conv" and grouped.refusal(node) is None:
         return Impl(GROUPED, "group > 1: direct channels-last kernel vectorized over output "
                     "channels", tile=tile)
@@ -106,6 +112,8 @@ def shape(node: Node, impl: Impl):
         return batched.BatchedShape.of(node, impl.tile)
     if impl.name == ATTENTION:
         return attention.AttentionShape.of(node, impl.tile)
+    if impl.name == RECURRENCE:
+        return recurrent.RecurrenceShape.of(node, impl.tile)
     if impl.name == WINOGRAD:
         return dataclasses.replace(winograd.WinogradShape.of(node, impl.tile), m=impl.m)
     if impl.name == DIRECT_CONV:

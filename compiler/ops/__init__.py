@@ -133,4 +133,4 @@ def ops_in(family: Family) -> list[str]:
 
 
 # The op definitions register themselves; import order is irrelevant.
-from compiler.ops import elementwise, reduction, movement, contraction, misc  # noqa: E402,F401
+from compiler.ops import elementwise, reduction, movement, contraction, misc, recurrence  # noqa: E402,F401,E501

@@ -171,8 +171,10 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
     claimed: set[Node] = set()  # epilogue nodes, each applied by one contraction's kernel
     for at, n in enumerate(graph.nodes):
         if n.opdef.family is Family.CONTRACTION:
-            # attention's kernel (kernels/attention.py) writes its result and nothing more
-            chain = [] if n.op == "attention" else _epilogue(n, at, users, graph, claimed)
+            # attention's and recurrence's kernels (kernels/attention.py, recurrent.py)
+            # write their result and nothing more
+            chain = [] if n.op in ("attention", "recurrence") else \
+                _epilogue(n, at, users, graph, claimed)
             claimed.update(chain)
             if chain:
                 ops = " ".join(e.op for e in chain)
