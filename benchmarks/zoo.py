@@ -100,6 +100,8 @@ def run_model(zm: ZooModel, settings: Settings, workdir: Path, inductor: bool) -
     before = torch.backends.mha.get_fastpath_enabled()
     if zm.mha_fast_path is not None:
         torch.backends.mha.set_fastpath_enabled(zm.mha_fast_path)
+    rnn_before = torch._dynamo.config.allow_rnn
+    torch._dynamo.config.allow_rnn = zm.allow_rnn
     try:
         common.progress(f"{zm.name}: building")
         module, arrays = zm.build()
@@ -109,6 +111,7 @@ def run_model(zm: ZooModel, settings: Settings, workdir: Path, inductor: bool) -
                               settings)
     finally:
         torch.backends.mha.set_fastpath_enabled(before)
+        torch._dynamo.config.allow_rnn = rnn_before
     case.update(family=zm.family, fp32_noise=noise, note=zm.note)
     return case
 

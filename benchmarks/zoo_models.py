@@ -36,6 +36,9 @@ class ZooModel:
     build: Callable[[], tuple[object, list[np.ndarray]]]
     note: str = ""
     mha_fast_path: bool | None = None  # torch's MHA fast path, set while this model runs
+    # dynamo traces nn.LSTM/GRU/RNN only with torch._dynamo.config.allow_rnn (else the
+    # module graph-breaks and runs eagerly under every torch.compile backend)
+    allow_rnn: bool = False
 
 
 def image(size: int = 224, batch: int = 1) -> np.ndarray:
@@ -164,7 +167,8 @@ def rnn(kind: str) -> ZooModel:
         return FirstOutput(module.eval()), [rng.standard_normal((1, SEQ, 256),
                                                                 dtype=np.float32)]
 
-    return ZooModel(kind.lower(), "recurrent", build)
+    return ZooModel(kind.lower(), "recurrent", build,
+                    note="torch.compile with torch._dynamo.config.allow_rnn", allow_rnn=True)
 
 
 def all_models() -> list[ZooModel]:

@@ -113,15 +113,20 @@ class RecurrenceShape:
 
 def refusal(node) -> str | None:
     """None if this kernel runs recurrence `node`, else why not."""
-    x = node.inputs[0]
+    return refusal_for(node.inputs, node.attrs["cell"])
+
+
+def refusal_for(inputs, cell: str) -> str | None:
+    """None if this kernel runs a recurrence of `cell` on `inputs`, else why not."""
+    x = inputs[0]
     if x.dtype != "f32":
         return f"dtype {x.dtype}: the recurrence kernel is float32 only"
-    if not all(v.type.static for v in node.inputs):
+    if not all(v.type.static for v in inputs):
         return "symbolic dims"
-    if 0 in x.shape or node.inputs[1].shape[-1] == 0:
+    if 0 in x.shape or inputs[1].shape[-1] == 0:
         return "an empty operand (the kernel's loops run at least once)"
-    h = node.inputs[1].shape[-1]
-    panels = -(-(CELLS[node.attrs["cell"]] * h) // batched.WIDEST_NR)
+    h = inputs[1].shape[-1]
+    panels = -(-(CELLS[cell] * h) // batched.WIDEST_NR)
     floats = panels * batched.WIDEST_NR * (h + 2 * gemm.MAX_MR) + 3 * gemm.MAX_MR * h
     if floats * 4 > batched.SCRATCH_MAX_BYTES:
         return f"R's pack and the states ({floats * 4} bytes) exceed SCRATCH_MAX_BYTES"

@@ -75,5 +75,6 @@ from importers.onnx_ops import (  # noqa: E402,F401
     normalization,
     movement,
     reduce,
+    rnn,
     shape,
 )
