@@ -275,7 +275,7 @@ def _recurrence(em, n, ins, outs):
         w[k, :, k * g * h:(k + 1) * g * h] = np.eye(g * h, dtype=dt)
     cell = n.attrs["cell"]
     bias = em.const(np.zeros((d, 2 * g * h), dt), "bias")
-    if cell == "gru":  # Rb of the hidden gate is the last H of B
+    if cell == "gru" and n.attrs["linear_before_reset"]:  # Rb_h: the last H of B
         zeros = em.const(np.zeros((d, 2 * g * h - h), dt), "bias")
         bias = em.add("Concat", [zeros, ins[4]], axis=1)
     args = [x, em.const(w, "select"), ins[1], bias, ins[3], ins[2]]

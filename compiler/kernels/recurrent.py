@@ -377,7 +377,8 @@ class _Item:
             go = b.fadd(go, b.fmul(peep[1], c))
         o = self._act(b, mathlib.sigmoid_f32, go)
         _store(b, c, cptr)
-        self._commit(b, r, u, b.fmul(o, self._act(b, mathlib.tanh_f32, c)), out)
+        # the cell state's tanh takes no clip (onnxruntime's rule: clip bounds the gates)
+        self._commit(b, r, u, b.fmul(o, mathlib.tanh_f32(b, c)), out)
 
     def _gru(self, b, r, u, ty, x, g, out) -> None:
         hid = self.shape.hidden

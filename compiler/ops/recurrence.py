@@ -7,13 +7,15 @@
 The input projection is not part of the op: the importers compute it for every
 timestep and direction as one matmul, so `xw` [T, B, D, G*H] holds X W^T plus every bias
 that is added outside a gate's nonlinearity (Wb + Rb; for a GRU with
-linear_before_reset, all but Rb of the hidden gate, which is `rbh` [D, H]). `r`
+linear_before_reset, all but Rb of the hidden gate, which is `rbh` [D, H]; without
+linear_before_reset, rbh is not read). `r`
 [D, G*H, H] is ONNX's recurrence weight (gates in ONNX order: LSTM i o f c, GRU z r h),
 `h0` and `c0` [D, B, H] the initial states, `lens` [B] (i32) the steps of each batch
 row (clamped to [0, T]), `p` [D, 3H] LSTM's peepholes (i o f). D is 2 for
 direction = "bidirectional" (direction 0 forward, 1 reverse), else 1. The gate
-activations are ONNX's defaults (sigmoid, tanh, tanh); `clip` > 0 bounds every
-activation's input to [-clip, clip].
+activations are ONNX's defaults (sigmoid, tanh, tanh); `clip` > 0 bounds the gates'
+inputs to [-clip, clip] (an LSTM's tanh of its cell state is not clipped: onnxruntime's
+rule, which the spec leaves open).
 
 The result is one tensor [T + S, D, B, H] (S = 2 for an LSTM, else 1): rows t < T are
 ONNX's Y (0 at t >= lens[b]), row T the final hidden state Y_h, row T + 1 an LSTM's
@@ -98,7 +100,7 @@ def cell_step(node, gates, h, c, d, extra):
         f = sig(f + p[2 * hid:] * c)
         c = f * c + i * tanh(g)
         o = sig(o + p[hid:2 * hid] * c)
-        return o * tanh(c), c
+        return o * np.tanh(c), c  # the cell's tanh takes no clip (onnxruntime's rule)
     z, r, hh = part
     return None, (sig(z), sig(r), hh)
 

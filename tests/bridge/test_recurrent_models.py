@@ -1,0 +1,193 @@
+"""LSTM, GRU and RNN through both front ends: ONNX's ops (bridge.compile_onnx) against
+onnxruntime, torch's nn.LSTM / nn.GRU / nn.RNN under torch.compile (dynamo's allow_rnn)
+against eager torch; compiled without host nodes, the input projection one GEMM."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import bridge
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def _model(op, direction="forward", *, t=6, batch=3, width=5, hid=7, layout=0, lens=False,
+           initial=False, bias=True, clip=None, lbr=None, peep=False, const_weights=True,
+           activations=None, seed=0):
+    """(model, feeds) of one ONNX recurrent node, all its outputs requested."""
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    gh = GATES[op] * hid
+    f32 = lambda *s: (rng.standard_normal(s) * 0.5).astype(np.float32)  # noqa: E731
+    x = f32(batch, t, width) if layout else f32(t, batch, width)
+    # R scaled by 1/sqrt(H): a contracting recurrence (a chaotic one amplifies float32
+    # rounding over the steps, whoever computes it)
+    arrays = {"X": x, "W": f32(dirs, gh, width), "R": f32(dirs, gh, hid) * hid ** -0.5}
+    names = ["X", "W", "R", "", "", "", "", ""]
+    if bias:
+        arrays["B"], names[3] = f32(dirs, 2 * gh), "B"
+    if lens:
+        arrays["L"], names[4] = rng.integers(1, t + 1, batch).astype(np.int32), "L"
+    state = (batch, dirs, hid) if layout else (dirs, batch, hid)
+    if initial:
+        arrays["H0"], names[5] = f32(*state), "H0"
+        if op == "LSTM":
+            arrays["C0"], names[6] = f32(*state), "C0"
+    if peep:
+        arrays["P"], names[7] = f32(dirs, 3 * hid), "P"
+    while names[-1] == "":
+        names.pop()
+    outs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    attrs = {"hidden_size": hid, "direction": direction}
+    if layout:
+        attrs["layout"] = 1
+    if clip is not None:
+        attrs["clip"] = clip
+    if lbr is not None:
+        attrs["linear_before_reset"] = lbr
+    if activations is not None:
+        attrs["activations"] = activations
+    node = helper.make_node(op, names, outs, **attrs)
+    consts = {"W", "R", "B", "P"} if const_weights else set()
+    kind = {"L": TensorProto.INT32}
+    inputs = [helper.make_tensor_value_info(n, kind.get(n, TensorProto.FLOAT), a.shape)
+              for n, a in arrays.items() if n not in consts]
+    inits = [numpy_helper.from_array(a, n) for n, a in arrays.items() if n in consts]
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
+    graph = helper.make_graph([node], "rnn", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    feeds = {n: a for n, a in arrays.items() if n not in consts}
+    return model, feeds
+
+
+def _op_counts(text: str) -> dict:
+    """op -> count over the compiled clusters of an explain() or clusters dump text
+    ("cluster 0 (compiled, ...): matmul x2, add, recurrence x2")."""
+    counts: dict = {}
+    for line in text.splitlines():
+        if "(compiled" not in line or "): " not in line:
+            continue
+        for item in line.split("): ", 1)[1].split(", "):
+            op, _, n = item.strip().partition(" x")
+            counts[op] = counts.get(op, 0) + (int(n) if n.isdigit() else 1)
+    return counts
+
+
+def _ort(model, feeds) -> list:
+    """onnxruntime's outputs; a layout-1 model runs as its layout-0 twin (onnxruntime
+    implements layout 0 only), inputs and outputs transposed."""
+    node = model.graph.node[0]
+    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    if layout:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        node = model.graph.node[0]
+        node.attribute.remove(next(a for a in node.attribute if a.name == "layout"))
+        feeds = {n: (a.transpose(1, 0, 2) if n in ("X", "H0", "C0") else a)
+                 for n, a in feeds.items()}
+        for v in model.graph.input:
+            if v.name in ("X", "H0", "C0"):
+                dims = v.type.tensor_type.shape.dim
+                dims[0].dim_value, dims[1].dim_value = dims[1].dim_value, dims[0].dim_value
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = sess.run(None, feeds)
+    if layout:
+        outs = [outs[0].transpose(2, 0, 1, 3)] + [o.transpose(1, 0, 2) for o in outs[1:]]
+    return outs
+
+
+ONNX_CASES = [(op, d, {}) for op in GATES for d in ("forward", "reverse", "bidirectional")] + [
+    ("LSTM", "bidirectional", {"lens": True, "initial": True, "batch": 13}),
+    ("LSTM", "forward", {"peep": True, "initial": True, "clip": 0.3}),
+    ("LSTM", "reverse", {"layout": 1, "lens": True, "initial": True, "peep": True}),
+    ("LSTM", "forward", {"const_weights": False, "bias": False}),
+    ("GRU", "bidirectional", {"lbr": 1, "lens": True, "initial": True}),
+    ("GRU", "reverse", {"lbr": 0, "clip": 0.2, "hid": 33}),
+    ("GRU", "forward", {"lbr": 1, "layout": 1, "const_weights": False}),
+    ("GRU", "bidirectional", {"lbr": 0, "layout": 1, "lens": True, "batch": 2}),
+    ("RNN", "bidirectional", {"lens": True, "initial": True, "clip": 0.4, "layout": 1}),
+    ("RNN", "forward", {"batch": 1, "t": 40, "hid": 64, "width": 32}),
+]
+
+
+@pytest.mark.parametrize("op,direction,kw", ONNX_CASES)
+def test_onnx_op_matches_onnxruntime(op, direction, kw):
+    model, feeds = _model(op, direction, **kw)
+    cm = bridge.compile_onnx(model, allow_fallback=False)
+    got = cm(**feeds)
+    for g, w in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_op_is_one_gemm_and_one_recurrence():
+    model, feeds = _model("LSTM", "bidirectional", t=16, batch=2, hid=32, width=24)
+    cm = bridge.compile_onnx(model, allow_fallback=False)
+    text = cm.explain()
+    counts = _op_counts(text)
+    assert counts["recurrence"] == 1 and counts["matmul"] == 1 and "host" not in text
+    spec = next(iter(cm._specs.values())) if cm._specs else None
+    if spec is None:
+        cm(**feeds)
+        spec = next(iter(cm._specs.values()))
+    [cg] = [p.compiled for p in spec.parts if p.compiled is not None]
+    impls = [k.impl.name for k in cg.kernels if k.impl is not None]
+    assert impls == ["gemm", "recurrence"], impls
+
+
+def test_other_activations_run_on_the_host_with_a_reason():
+    model, feeds = _model("GRU", activations=["Sigmoid", "Relu"])
+    cm = bridge.compile_onnx(model)
+    assert "default gates" in cm.explain()
+    for g, w in zip(cm(**feeds), _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _torch_case(kind, layers, bidirectional, batch_first, states, bias=True):
+    torch.manual_seed(layers * 7 + bidirectional)
+    m = getattr(torch.nn, kind)(6, 12, num_layers=layers, bidirectional=bidirectional,
+                                batch_first=batch_first, bias=bias).eval()
+    x = torch.randn(3, 5, 6)
+    args = [x]
+    if states:
+        h = torch.randn(layers * (1 + bidirectional), 3 if batch_first else 5, 12)
+        if batch_first:
+            args.append((h, torch.randn_like(h)) if kind == "LSTM" else h)
+        else:
+            x = torch.randn(5, 3, 6)
+            h = torch.randn(layers * (1 + bidirectional), 3, 12)
+            args = [x, (h, torch.randn_like(h)) if kind == "LSTM" else h]
+    return m, args
+
+
+TORCH_CASES = [("LSTM", 1, False, False, False), ("LSTM", 2, True, True, True),
+               ("GRU", 2, False, True, False), ("GRU", 1, True, False, True),
+               ("RNN", 2, True, False, False)]
+
+
+@pytest.mark.parametrize("kind,layers,bidirectional,batch_first,states", TORCH_CASES)
+@torch._dynamo.config.patch(allow_rnn=True)
+def test_torch_rnn_modules_compile(kind, layers, bidirectional, batch_first, states,
+                                   tmp_path):
+    torch._dynamo.reset()
+    m, args = _torch_case(kind, layers, bidirectional, batch_first, states)
+    compiled = torch.compile(m, backend="braze", options={
+        "allow_fallback": False, "strict": True, "dump_dir": str(tmp_path)})
+    with torch.no_grad():
+        got, want = compiled(*args), m(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    clusters = "".join(p.read_text() for p in tmp_path.glob("*clusters*"))
+    counts = _op_counts(clusters)
+    assert counts["recurrence"] == layers and counts["matmul"] == layers, clusters
+
+
+@torch._dynamo.config.patch(allow_rnn=True)
+def test_torch_gru_without_bias():
+    torch._dynamo.reset()
+    m, args = _torch_case("GRU", 1, False, True, False, bias=False)
+    compiled = torch.compile(m, backend="braze", options={"allow_fallback": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*args), m(*args), rtol=1e-5, atol=1e-5)
