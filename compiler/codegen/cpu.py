@@ -436,8 +436,11 @@ class Renderer:
                 named[name] = ptrs[v] if v in ptrs else self._literal(v)
         named["out"] = ptrs[k.root]
         scratch, last = recurrent.scratch(b, shape, packed)
-        counted_loop(b, lo, hi, lambda b, o: recurrent.emit_item(
-            b, shape, o, scratch, last, named, packed))
+        if shape.split:  # the team shares the one item (lo, hi only launch it)
+            recurrent.emit_split(b, shape, scratch, last, named, packed)
+        else:
+            counted_loop(b, lo, hi, lambda b, o: recurrent.emit_item(
+                b, shape, o, scratch, last, named, packed))
         batched.release(b, scratch)
 
     def _literal(self, v: Value):

@@ -48,8 +48,10 @@ def extent(k: Kernel) -> tuple[int, bool]:
     elif impl == choice.BATCHED:
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.entries * shape.m * shape.n * shape.k
-    elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV,
-                  choice.RECURRENCE):
+    elif impl == choice.RECURRENCE:
+        shape = choice.shape(node, k.impl)
+        outer, work = shape.outer, shape.macs
+    elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.macs
     elif impl == choice.ROW_MATMUL:

@@ -25,7 +25,7 @@ directions and batch blocks run on the OpenMP threads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from llvmlite import ir
@@ -39,6 +39,12 @@ from compiler.ops.recurrence import CELLS, states
 # Panels one product step keeps in registers at most: each is an independent stream of
 # R^T (the hardware prefetcher follows a handful per core).
 MAX_GROUP = 8
+# A layer with one work item (one direction, one batch block) splits its hidden units
+# over the OpenMP team, with a barrier per step (`_SplitItem`), from this size of R on:
+# one LSTM direction of H = 256 is 1 MiB, a whole core's L2, streamed once per step;
+# halved, each core's half stays in its L2. Below it a step is too short to pay a
+# barrier.
+SPLIT_MIN_R_BYTES = 1 << 18
 
 
 def _i64(n: int) -> ir.Constant:
@@ -56,6 +62,7 @@ class RecurrenceShape:
     clip: float
     linear_before_reset: bool
     tile: Tile
+    split: bool = False  # the one item's units split over the team (`_SplitItem`)
 
     @property
     def gates(self) -> int:
@@ -78,6 +85,12 @@ class RecurrenceShape:
     @property
     def items(self) -> int:
         return self.dirs * self.row_blocks
+
+    @property
+    def outer(self) -> int:
+        """The kernel's outer trip count: its items; a split kernel shares its one item
+        out itself, and any count above 1 has the entry launch the team."""
+        return 2 if self.split else self.items
 
     @property
     def panels(self) -> int:
@@ -106,9 +119,32 @@ class RecurrenceShape:
     @classmethod
     def of(cls, node, tile: Tile) -> RecurrenceShape:
         t, batch, d, _ = node.inputs[0].shape
-        return cls(node.attrs["cell"], t, batch, d, node.inputs[1].shape[-1],
-                   node.attrs["direction"], node.attrs["clip"],
-                   node.attrs["linear_before_reset"], tile)
+        shape = cls(node.attrs["cell"], t, batch, d, node.inputs[1].shape[-1],
+                    node.attrs["direction"], node.attrs["clip"],
+                    node.attrs["linear_before_reset"], tile)
+        lens = node.inputs[3]
+        full = lens.is_const and bool((np.asarray(lens.const_value) == t).all())
+        return replace(shape, split=full and _splits(shape))
+
+    def units(self, tid, nth, b: ir.IRBuilder) -> tuple:
+        """(first, end) hidden unit of thread tid of nth: whole panels of each gate."""
+        blocks = _i64(self.hidden // self.tile.nr)
+        first = b.udiv(b.mul(blocks, tid), nth)
+        end = b.udiv(b.mul(blocks, b.add(tid, _i64(1))), nth)
+        return b.mul(first, _i64(self.tile.nr)), b.mul(end, _i64(self.tile.nr))
+
+
+def _splits(shape: RecurrenceShape) -> bool:
+    """Whether a layer's one item splits its units over the team: every row at full
+    length (a state is then the previous step's Y row, which every thread can read),
+    gates that are whole panels, no second product (a split GRU's r h would need its own
+    barrier), R of SPLIT_MIN_R_BYTES or more, and OpenMP present."""
+    from compiler.codegen import llvm_cpu
+
+    return (shape.items == 1 and not shape.split_hidden
+            and shape.hidden % shape.tile.nr == 0
+            and shape.width * shape.hidden * 4 >= SPLIT_MIN_R_BYTES
+            and llvm_cpu.libgomp() is not None)
 
 
 def refusal(node) -> str | None:
@@ -342,11 +378,18 @@ class _Item:
         """Row r's gate math and state update at step s (nothing past its length)."""
         active, t = self._time(b, r, s)
         with b.if_then(active):
-            out = self._state("out", t, b.add(self.row0, r))
-            x, g = self._xw(b, r, t), self._row_of(self.g, r, self.gp)
-            cell = {"lstm": self._lstm, "gru": self._gru, "rnn": self._rnn}[self.shape.cell]
-            _units(b, self.shape.hidden, self.t,
-                   lambda b, u, ty: cell(b, r, u, ty, x, g, out))
+            self._cells(b, r, t, lambda body: _units(b, self.shape.hidden, self.t, body))
+
+    def _cells(self, b, r, t, over_units) -> None:
+        """Row r's gate math at timestep t, on the units `over_units(body)` visits."""
+        out = self._state("out", t, b.add(self.row0, r))
+        x, g = self._xw(b, r, t), self._row_of(self.g, r, self.gp)
+        cell = {"lstm": self._lstm, "gru": self._gru, "rnn": self._rnn}[self.shape.cell]
+        over_units(lambda b, u, ty: cell(b, r, u, ty, x, g, out))
+
+    def _prev_row(self, b, r):
+        """Row r's hidden state before this step."""
+        return self._row_of(self.hs, r)
 
     def _gate(self, b, x, g, i: int, u, ty):
         at = b.add(u, _i64(i * self.shape.hidden))
@@ -392,9 +435,97 @@ class _Item:
             g2 = self._row_of(self.g2, r, self.gp)
             pre = b.fadd(_load(b, x, at, ty), _load(b, g2, at, ty))
         cand = self._act(b, mathlib.tanh_f32, pre)
-        h = _load(b, self._row_of(self.hs, r), u, ty)
+        h = _load(b, self._prev_row(b, r), u, ty)
         one = _splat(b, ty, 1.0)
         self._commit(b, r, u, b.fadd(b.fmul(b.fsub(one, z), cand), b.fmul(z, h)), out)
+
+
+class _SplitItem(_Item):
+    """The one item of a split kernel (`RecurrenceShape.split`), on thread tid of nth: it
+    takes hidden units [first, end) of every gate (whole panels), so per step its share
+    of R^T's columns and its units' gate math; the previous h is read whole from the
+    previous step's Y rows (h0 at the first), which every thread wrote its units of
+    before the barrier that ends each step. c stays with the thread owning its units."""
+
+    def __init__(self, b, shape: RecurrenceShape, scratch, last, ptrs, packed: bool, tid,
+                 nth):
+        super().__init__(b, shape, shape.rows, _i64(0), _i64(0), scratch, last, ptrs, packed)
+        self.first, self.end = shape.units(tid, nth, b)
+
+    def run(self) -> None:
+        b, shape = self.b, self.shape
+        for r in range(self.rows):
+            b.store(_i64(shape.t), b.gep(self.lens, [_i64(r)], source_etype=I64,
+                                         inbounds=True))
+            self._start(r, _i64(shape.t))
+        barrier = _decl(b, "GOMP_barrier", ir.VoidType(), [])
+        counted_loop(b, _i64(0), _i64(shape.t), lambda b, s: self._split_step(b, s, barrier))
+        for r in range(self.rows):
+            self._finish_units(r)
+
+    def _split_step(self, b, s, barrier) -> None:
+        shape, nr = self.shape, self.t.nr
+        self.prev = self._previous(b, s)
+        for gate in range(shape.gates):
+            lo = b.udiv(b.add(_i64(gate * shape.hidden), self.first), _i64(nr))
+            hi = b.udiv(b.add(_i64(gate * shape.hidden), self.end), _i64(nr))
+            self._product_between(self.prev, self.g, lo, hi)
+        t = b.select(self.reverse, b.sub(_i64(shape.t - 1), s), s)
+        vec = self.t.vec
+
+        def units(body):
+            counted_loop(b, b.udiv(self.first, _i64(vec)), b.udiv(self.end, _i64(vec)),
+                         lambda b, i: body(b, b.mul(i, _i64(vec)), self.t.vtype))
+
+        counted_loop(b, _i64(0), _i64(self.rows), lambda b, r: self._cells(b, r, t, units))
+        b.call(barrier, [])
+
+    def _previous(self, b, s):
+        """The rows of h before step s: h0's, or the previous timestep's Y rows."""
+        shape = self.shape
+        prev_t = b.select(self.reverse, b.sub(_i64(shape.t), s), b.sub(s, _i64(1)))
+        first = b.icmp_unsigned("==", s, _i64(0))
+        safe_t = b.select(first, _i64(0), prev_t)
+        return b.select(first, self._state("h0", None, self.row0),
+                        self._state("out", safe_t, self.row0))
+
+    def _prev_row(self, b, r):
+        return self._row_of(self.prev, r)
+
+    def _product_between(self, src, dst, lo, hi) -> None:
+        """`_product` over panels [lo, hi) known at run time: groups, then single panels."""
+        b = self.b
+        count = _group(self.shape, self.rows)
+        groups = b.udiv(b.sub(hi, lo), _i64(count))
+        counted_loop(b, _i64(0), groups, lambda b, i: self._panels(
+            b, src, dst, b.add(lo, b.mul(i, _i64(count))), count))
+        counted_loop(b, b.add(lo, b.mul(groups, _i64(count))), hi,
+                     lambda b, p: self._panels(b, src, dst, p, 1))
+
+    def _finish_units(self, r: int) -> None:
+        """This thread's units of the final h (and c)."""
+        b, shape = self.b, self.shape
+        row = b.add(self.row0, _i64(r))
+        for i, s in enumerate([self.hs, self.cs][:states(shape.cell)]):
+            src = self._at(s, _i64(r * shape.hidden))
+            dst = self._state("out", _i64(shape.t + i), row)
+            counted_loop(b, self.first, self.end, lambda b, u: _store(
+                b, _load(b, src, u, F32), b.gep(dst, [u], source_etype=F32, inbounds=True)))
+
+
+def emit_split(b: ir.IRBuilder, shape: RecurrenceShape, scratch, last, ptrs: dict,
+               packed: bool) -> None:
+    """A split kernel's body (`RecurrenceShape.split`): this thread's share of the one
+    item (all of it outside a parallel region, where the team is one thread)."""
+    omp = lambda name: b.sext(b.call(_decl(b, name, I32, []), []), I64)  # noqa: E731
+    _SplitItem(b, shape, scratch, last, ptrs, packed, omp("omp_get_thread_num"),
+               omp("omp_get_num_threads")).run()
+
+
+def _decl(b, name: str, ret, args):
+    from compiler.codegen.symbols import declare
+
+    return declare(b.module, name, ret, args)
 
 
 def emit_item(b: ir.IRBuilder, shape: RecurrenceShape, item, scratch, last, ptrs: dict,

@@ -17,7 +17,7 @@ GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 
 
 def _graph(cell, direction, t, batch, hid, *, lbr=False, const_r=True, clip=0.0,
-           peep=False, seed=0):
+           peep=False, seed=0, full=False):
     """(graph, its input arrays): a recurrence on an xw input (and R as an input unless
     const_r), random states, lengths 1..T."""
     rng = np.random.default_rng(seed)
@@ -25,11 +25,12 @@ def _graph(cell, direction, t, batch, hid, *, lbr=False, const_r=True, clip=0.0,
     gh = GATES[cell] * hid
     g = Graph("rec")
     xw = g.add_input("xw", TensorType("f32", (t, batch, dirs, gh)))
-    r_val = (rng.standard_normal((dirs, gh, hid)) * 0.3).astype(np.float32)
+    r_val = (rng.standard_normal((dirs, gh, hid)) * min(0.3, hid ** -0.5)).astype(np.float32)
     r = g.const(r_val) if const_r else g.add_input("r", TensorType("f32", r_val.shape))
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     ins = [xw, r, g.const(f32(dirs, batch, hid)),
-           g.const(rng.integers(1, t + 1, batch).astype(np.int32))]
+           g.const(np.full(batch, t, np.int32) if full else
+                   rng.integers(1, t + 1, batch).astype(np.int32))]
     if cell == "lstm":
         ins += [g.const(f32(dirs, batch, hid)), g.const(f32(dirs, 3 * hid) * peep)]
     if cell == "gru":
@@ -99,3 +100,30 @@ def test_host_forms_match_reference(cell, direction, kw):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
     got, = TorchHostStep(g, {})([torch.from_numpy(a) for a in arrays])
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cell,hid,kw", [("lstm", 128, {"peep": True}), ("rnn", 256, {}),
+                                         ("gru", 160, {"lbr": True, "const_r": False}),
+                                         ("lstm", 128, {"clip": 0.5, "batch": 3})])
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction):
+    """One direction, one batch block, full lengths, R of 256 KiB or more: the item's
+    units split over the threads (a barrier per step); 1 and 2 threads give the
+    reference's answer."""
+    kw = dict(kw)
+    batch = kw.pop("batch", 1)
+    g, arrays = _graph(cell, direction, 7, batch, hid, full=True, **kw)
+    cg = compile_graph(g)
+    [k] = cg.kernels
+    assert choice.shape(k.contraction, k.impl).split
+    want = _reference(g, arrays)
+    for threads in (1, 2):
+        y, = CpuStep(compile_graph(g), threads=threads).run(arrays)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6)
+
+
+def test_short_sequences_or_gru_second_product_do_not_split():
+    for g, _ in (_graph("lstm", "forward", 5, 1, 128), _graph("gru", "forward", 5, 1, 160,
+                                                               full=True)):
+        [k] = compile_graph(g).kernels
+        assert not choice.shape(k.contraction, k.impl).split
