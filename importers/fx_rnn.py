@@ -134,7 +134,7 @@ def _layer(cx: Ctx, cell: str, x, ps: list, dirs: int, h0, c0):
         xw = cx.op("add", xw, cx.op("concat", *bias, axis=0))
         if hidden:
             rbh = cx.op("concat", *hidden, axis=0)
-    inputs = [cx.reshape(xw, (t, batch, dirs, gh)), r, h0,
+    inputs = [xw, r, h0,
               cx.const(np.full(batch, t, np.int32))]
     if cell == "lstm":
         inputs += [c0, cx.const(np.zeros((dirs, 3 * hid), np.float32))]

@@ -118,7 +118,9 @@ class RecurrenceShape:
 
     @classmethod
     def of(cls, node, tile: Tile) -> RecurrenceShape:
-        t, batch, d, _ = node.inputs[0].shape
+        from compiler.ops.recurrence import dims
+
+        t, batch, d, _, _ = dims(node)
         shape = cls(node.attrs["cell"], t, batch, d, node.inputs[1].shape[-1],
                     node.attrs["direction"], node.attrs["clip"],
                     node.attrs["linear_before_reset"], tile)
@@ -302,7 +304,7 @@ class _Item:
         return active, b.select(active, t, _i64(0))
 
     def _xw(self, b, r, t):
-        """Pointer to xw[t, row0 + r, d, :]."""
+        """Pointer to xw[t, row0 + r, d, :] (xw is [T*B, D*G*H]: [T, B, D, G*H])."""
         shape = self.shape
         row = b.add(b.mul(b.add(b.mul(t, _i64(shape.batch)), b.add(self.row0, r)),
                           _i64(shape.dirs)), self.d)

@@ -5,7 +5,8 @@
     recurrence(xw, r, h0, lens)               cell = "rnn"
 
 The input projection is not part of the op: the importers compute it for every
-timestep and direction as one matmul, so `xw` [T, B, D, G*H] holds X W^T plus every bias
+timestep and direction as one matmul, so `xw` [T*B, D*G*H] (that matmul's result as it
+is: rows t-major, then batch; columns direction-major, then gate) holds X W^T plus every bias
 that is added outside a gate's nonlinearity (Wb + Rb; for a GRU with
 linear_before_reset, all but Rb of the hidden gate, which is `rbh` [D, H]; without
 linear_before_reset, rbh is not read). `r`
@@ -38,9 +39,10 @@ EXTRA = {"lstm": ("c0", "p"), "gru": ("rbh",), "rnn": ()}
 
 def dims(node) -> tuple[int, int, int, int, int]:
     """(T, B, D, G, H) of a recurrence node."""
-    t, batch, d, gh = node.inputs[0].shape
-    h = node.inputs[1].shape[-1]
-    return t, batch, d, CELLS[node.attrs["cell"]], h
+    rows = node.inputs[0].shape[0]
+    d, _, h = node.inputs[1].shape
+    batch = node.inputs[2].shape[1]
+    return rows // max(batch, 1), batch, d, CELLS[node.attrs["cell"]], h
 
 
 def states(cell: str) -> int:
@@ -59,16 +61,18 @@ def _check(node):
 def _infer(node):
     xw, r, h0, lens = node.inputs[:4]
     where = node.describe()
-    if xw.type.rank != 4 or r.type.rank != 3:
-        raise IRError(f"{where}: xw {xw.shape}, r {r.shape}")
+    if xw.type.rank != 2 or r.type.rank != 3 or h0.type.rank != 3:
+        raise IRError(f"{where}: xw {xw.shape}, r {r.shape}, h0 {h0.shape}")
     t, batch, d, g, h = dims(node)
+    if t * batch != xw.shape[0]:
+        raise IRError(f"{where}: xw's {xw.shape[0]} rows are not T x B for B = {batch}")
     if d != (2 if node.attrs["direction"] == "bidirectional" else 1):
         raise IRError(f"{where}: {d} directions for {node.attrs['direction']}")
     want = {"r": (d, g * h, h), "h0": (d, batch, h), "lens": (batch,), "c0": (d, batch, h),
             "p": (d, 3 * h), "rbh": (d, h)}
     names = ("xw", "r", "h0", "lens") + EXTRA[node.attrs["cell"]]
-    if xw.shape[-1] != g * h:
-        raise IRError(f"{where}: xw {xw.shape} for {g} gates of {h}")
+    if xw.shape[-1] != d * g * h:
+        raise IRError(f"{where}: xw {xw.shape} for {d} direction(s) of {g} gates of {h}")
     for name, v in zip(names[1:], node.inputs[1:]):
         dtype = "i32" if name == "lens" else xw.dtype
         if v.shape != want[name] or v.dtype != dtype:
@@ -110,7 +114,8 @@ def _eval(node, xw, r, h0, lens, *rest):
     extra = dict(zip(EXTRA[cell], [x.astype(np.float64) for x in rest]))
     t_len, batch, dirs, _, hid = dims(node)
     out = np.zeros((t_len + states(cell), dirs, batch, hid))
-    x64, r64 = xw.astype(np.float64), r.astype(np.float64)
+    x64 = xw.astype(np.float64).reshape(t_len, batch, dirs, -1)
+    r64 = r.astype(np.float64)
     clip = node.attrs["clip"]
     tanh = (lambda x: np.tanh(np.clip(x, -clip, clip))) if clip > 0 else np.tanh
     for d in range(dirs):

@@ -97,7 +97,6 @@ def _convert(cx: NodeContext, op: str):
     bias, rbh = _bias(cx, cell, gh, hid, dirs)
     if bias is not None:
         xw = cx.op("add", xw, bias)
-    xw = cx.reshape(xw, (t, batch, dirs, gh))
     lens = cx.input(4)
     lens = cx.const(np.full(batch, t, np.int32)) if lens is None else cx.cast(lens, "i32")
     inputs = [xw, r, _state(cx, 5, dirs, batch, hid, layout), lens]

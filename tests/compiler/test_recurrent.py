@@ -24,7 +24,7 @@ def _graph(cell, direction, t, batch, hid, *, lbr=False, const_r=True, clip=0.0,
     dirs = 2 if direction == "bidirectional" else 1
     gh = GATES[cell] * hid
     g = Graph("rec")
-    xw = g.add_input("xw", TensorType("f32", (t, batch, dirs, gh)))
+    xw = g.add_input("xw", TensorType("f32", (t * batch, dirs * gh)))
     r_val = (rng.standard_normal((dirs, gh, hid)) * min(0.3, hid ** -0.5)).astype(np.float32)
     r = g.const(r_val) if const_r else g.add_input("r", TensorType("f32", r_val.shape))
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -37,7 +37,7 @@ def _graph(cell, direction, t, batch, hid, *, lbr=False, const_r=True, clip=0.0,
         ins.append(g.const(f32(dirs, hid)))
     g.outputs = [g.op("recurrence", *ins, cell=cell, direction=direction, clip=clip,
                       linear_before_reset=lbr)]
-    arrays = [f32(t, batch, dirs, gh)] + ([] if const_r else [r_val])
+    arrays = [f32(t * batch, dirs * gh)] + ([] if const_r else [r_val])
     return g, arrays
 
 
