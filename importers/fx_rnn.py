@@ -111,13 +111,13 @@ def _onnx_order(cx: Ctx, v, cell: str, hid: int):
 
 def _layer(cx: Ctx, cell: str, x, ps: list, dirs: int, h0, c0):
     """One layer: x [T, B, I] -> the recurrence's result [T + S, D, B, H]."""
-    t, batch, width = x.shape
+    t, batch, _ = x.shape
     per = len(ps) // dirs
     hid = ps[1].shape[-1]
     gh = hid * len(_ONNX_ORDER[cell])
     w = cx.op("concat", *[_onnx_order(cx, ps[d * per], cell, hid) for d in range(dirs)],
               axis=0)
-    xw = cx.op("matmul", cx.reshape(x, (t * batch, width)), cx.op("transpose", w, perm=(1, 0)))
+    xw = cx.op("matmul", x, cx.op("transpose", w, perm=(1, 0)))  # [T, B, D*G*H]
     r = cx.op("concat", *[cx.reshape(_onnx_order(cx, ps[d * per + 1], cell, hid),
                                      (1, gh, hid)) for d in range(dirs)], axis=0)
     rbh = cx.const(np.zeros((dirs, hid), np.float32))

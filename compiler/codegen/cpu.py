@@ -433,6 +433,7 @@ class Renderer:
             if name == "r" and packed:
                 named[name] = self._buffers(b, bufs, [(PACKED, r)])[(PACKED, r)]
             elif not (name == "p" and v.is_const and not np.asarray(v.const_value).any()):
+                v = v if v in ptrs else recurrent.source(v)
                 named[name] = ptrs[v] if v in ptrs else self._literal(v)
         named["out"] = ptrs[k.root]
         scratch, last = recurrent.scratch(b, shape, packed)

@@ -171,6 +171,15 @@ def refusal_for(inputs, cell: str) -> str | None:
     return None
 
 
+def source(v):
+    """The value whose buffer the kernel reads for operand `v`: through reshapes (they
+    keep the row-major order, so the bytes are the same: the projection's result
+    reshaped in front of the recurrence costs no copy)."""
+    while v.producer is not None and v.producer.op == "reshape":
+        v = v.producer.inputs[0]
+    return v
+
+
 def pack_r(r: np.ndarray, tile: Tile) -> np.ndarray:
     """R [D, G*H, H] as each direction's R^T in gemm panels: [D, panels, H, NR]."""
     return np.ascontiguousarray(np.stack([gemm.pack_b(np.ascontiguousarray(r[d].T), tile)
@@ -304,7 +313,7 @@ class _Item:
         return active, b.select(active, t, _i64(0))
 
     def _xw(self, b, r, t):
-        """Pointer to xw[t, row0 + r, d, :] (xw is [T*B, D*G*H]: [T, B, D, G*H])."""
+        """Pointer to xw[t, row0 + r, d, :] (xw's rows are [T, B], its columns [D, G*H])."""
         shape = self.shape
         row = b.add(b.mul(b.add(b.mul(t, _i64(shape.batch)), b.add(self.row0, r)),
                           _i64(shape.dirs)), self.d)

@@ -6,7 +6,8 @@
 
 The input projection is not part of the op: the importers compute it for every
 timestep and direction as one matmul, so `xw` [T*B, D*G*H] (that matmul's result as it
-is: rows t-major, then batch; columns direction-major, then gate) holds X W^T plus every bias
+is: rows t-major, then batch, in any leading dims, e.g. [T, B, D*G*H]; columns
+direction-major, then gate) holds X W^T plus every bias
 that is added outside a gate's nonlinearity (Wb + Rb; for a GRU with
 linear_before_reset, all but Rb of the hidden gate, which is `rbh` [D, H]; without
 linear_before_reset, rbh is not read). `r`
@@ -39,7 +40,7 @@ EXTRA = {"lstm": ("c0", "p"), "gru": ("rbh",), "rnn": ()}
 
 def dims(node) -> tuple[int, int, int, int, int]:
     """(T, B, D, G, H) of a recurrence node."""
-    rows = node.inputs[0].shape[0]
+    rows = int(np.prod(node.inputs[0].shape[:-1], dtype=np.int64))
     d, _, h = node.inputs[1].shape
     batch = node.inputs[2].shape[1]
     return rows // max(batch, 1), batch, d, CELLS[node.attrs["cell"]], h
@@ -61,11 +62,11 @@ def _check(node):
 def _infer(node):
     xw, r, h0, lens = node.inputs[:4]
     where = node.describe()
-    if xw.type.rank != 2 or r.type.rank != 3 or h0.type.rank != 3:
+    if xw.type.rank < 2 or r.type.rank != 3 or h0.type.rank != 3:
         raise IRError(f"{where}: xw {xw.shape}, r {r.shape}, h0 {h0.shape}")
     t, batch, d, g, h = dims(node)
-    if t * batch != xw.shape[0]:
-        raise IRError(f"{where}: xw's {xw.shape[0]} rows are not T x B for B = {batch}")
+    if batch == 0 or t * batch != np.prod(xw.shape[:-1]):
+        raise IRError(f"{where}: xw {xw.shape}'s rows are not T x B for B = {batch}")
     if d != (2 if node.attrs["direction"] == "bidirectional" else 1):
         raise IRError(f"{where}: {d} directions for {node.attrs['direction']}")
     want = {"r": (d, g * h, h), "h0": (d, batch, h), "lens": (batch,), "c0": (d, batch, h),

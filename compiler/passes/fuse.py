@@ -45,7 +45,7 @@ import numpy as np
 from compiler import dtypes
 from compiler.ir import Graph, Node, Value
 from compiler import target as targets
-from compiler.kernels import batched
+from compiler.kernels import batched, recurrent
 from compiler.kernels import choice
 from compiler.kernels.choice import Impl, choose
 from compiler.ops import Family
@@ -187,6 +187,8 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
             for u in n.inputs:
                 if fold_operands and _folds(n, u, target):
                     continue  # read through its movement ops while it is packed
+                if n.op == "recurrence":
+                    u = recurrent.source(u)  # read in place through reshapes
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
     _materialize_deep(graph, reasons, claimed)

@@ -93,7 +93,7 @@ def _convert(cx: NodeContext, op: str):
         raise Fallback(f"W {w.shape} or R {r.shape} do not match {dirs} direction(s) of "
                        f"{gates} gates of {hid}")
     wt = cx.transpose(cx.reshape(w, (dirs * gh, width)), (1, 0))
-    xw = cx.op("matmul", cx.reshape(x, (t * batch, width)), wt)
+    xw = cx.op("matmul", x, wt)  # [T, B, D*G*H]: the recurrence's rows as they are
     bias, rbh = _bias(cx, cell, gh, hid, dirs)
     if bias is not None:
         xw = cx.op("add", xw, bias)

@@ -136,6 +136,8 @@ def test_onnx_op_is_one_gemm_and_one_recurrence():
     [cg] = [p.compiled for p in spec.parts if p.compiled is not None]
     impls = [k.impl.name for k in cg.kernels if k.impl is not None]
     assert impls == ["gemm", "recurrence"], impls
+    # the recurrence reads the GEMM's result in place (no copy kernel between them)
+    assert [k.impl.name if k.impl else k.kind for k in cg.kernels][:2] == impls
 
 
 def test_other_activations_run_on_the_host_with_a_reason():
