@@ -140,10 +140,13 @@ def test_onnx_op_is_one_gemm_and_one_recurrence():
     assert [k.impl.name if k.impl else k.kind for k in cg.kernels][:2] == impls
 
 
-def test_other_activations_run_on_the_host_with_a_reason():
-    model, feeds = _model("GRU", activations=["Sigmoid", "Relu"])
+@pytest.mark.parametrize("kw,reason", [
+    ({"op": "GRU", "activations": ["Sigmoid", "Relu"]}, "default gates"),
+    ({"op": "RNN", "activations": ["Relu"]}, "default gates")])
+def test_other_activations_run_on_the_host_with_a_reason(kw, reason):
+    model, feeds = _model(**kw)
     cm = bridge.compile_onnx(model)
-    assert "default gates" in cm.explain()
+    assert reason in cm.explain()
     for g, w in zip(cm(**feeds), _ort(model, feeds)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
@@ -193,3 +196,17 @@ def test_torch_gru_without_bias():
     compiled = torch.compile(m, backend="braze", options={"allow_fallback": False})
     with torch.no_grad():
         torch.testing.assert_close(compiled(*args), m(*args), rtol=1e-5, atol=1e-5)
+
+
+@torch._dynamo.config.patch(allow_rnn=True)
+def test_torch_lstm_with_projections_runs_on_torch(tmp_path):
+    """proj_size adds weights the recurrence does not take: the op runs on torch (its
+    braze:: wrapper calls torch.lstm), with the reason in the dump."""
+    torch._dynamo.reset()
+    m = torch.nn.LSTM(6, 12, proj_size=4).eval()
+    x = torch.randn(5, 2, 6)
+    compiled = torch.compile(m, backend="braze", options={"dump_dir": str(tmp_path)})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-5, atol=1e-6)
+    dumped = "".join(p.read_text() for p in tmp_path.iterdir() if p.is_file())
+    assert "proj_size" in dumped
