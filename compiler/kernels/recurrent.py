@@ -39,12 +39,15 @@ from compiler.ops.recurrence import CELLS, states
 # Panels one product step keeps in registers at most: each is an independent stream of
 # R^T (the hardware prefetcher follows a handful per core).
 MAX_GROUP = 8
-# A layer with one work item (one direction, one batch block) splits its hidden units
-# over the OpenMP team, with a barrier per step (`_SplitItem`), from this size of R on:
-# one LSTM direction of H = 256 is 1 MiB, a whole core's L2, streamed once per step;
-# halved, each core's half stays in its L2. Below it a step is too short to pay a
-# barrier.
-SPLIT_MIN_R_BYTES = 1 << 18
+# A layer with one work item (one direction, one batch block) can split its hidden units
+# over the OpenMP team, with a barrier per step (`_SplitItem`), from this size of R on
+# (None: never). The idea: one LSTM direction of H = 256 is 1 MiB, a whole core's L2,
+# streamed once per step; halved, each core's half would stay in its L2. Measured on a
+# shared 2-core machine (load average 5-10), a barrier per step lost to the unsplit
+# kernel at every size tried (2-layer LSTM, T = 128, batch 1, 2 threads, median: H = 256
+# 143 vs 73 ms; H = 1024 655 vs 508 ms): a step waits for the other thread's next time
+# slice. So it is off until it is measured to win on dedicated cores.
+SPLIT_MIN_R_BYTES: int | None = None
 
 
 def _i64(n: int) -> ir.Constant:
@@ -140,10 +143,10 @@ def _splits(shape: RecurrenceShape) -> bool:
     """Whether a layer's one item splits its units over the team: every row at full
     length (a state is then the previous step's Y row, which every thread can read),
     gates that are whole panels, no second product (a split GRU's r h would need its own
-    barrier), R of SPLIT_MIN_R_BYTES or more, and OpenMP present."""
+    barrier), R of SPLIT_MIN_R_BYTES or more (when set), and OpenMP present."""
     from compiler.codegen import llvm_cpu
 
-    return (shape.items == 1 and not shape.split_hidden
+    return (SPLIT_MIN_R_BYTES is not None and shape.items == 1 and not shape.split_hidden
             and shape.hidden % shape.tile.nr == 0
             and shape.width * shape.hidden * 4 >= SPLIT_MIN_R_BYTES
             and llvm_cpu.libgomp() is not None)

@@ -10,7 +10,7 @@ import pytest
 
 from compiler.codegen import compile_graph
 from compiler.ir import Graph, TensorType
-from compiler.kernels import choice
+from compiler.kernels import choice, recurrent
 from runtime.cpu import CpuStep
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
@@ -106,10 +106,11 @@ def test_host_forms_match_reference(cell, direction, kw):
                                          ("gru", 160, {"lbr": True, "const_r": False}),
                                          ("lstm", 128, {"clip": 0.5, "batch": 3})])
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
-def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction):
-    """One direction, one batch block, full lengths, R of 256 KiB or more: the item's
-    units split over the threads (a barrier per step); 1 and 2 threads give the
-    reference's answer."""
+def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction, monkeypatch):
+    """With the split on (from R of 256 KiB): one direction, one batch block, full
+    lengths: the item's units split over the threads (a barrier per step); 1 and 2
+    threads give the reference's answer."""
+    monkeypatch.setattr(recurrent, "SPLIT_MIN_R_BYTES", 1 << 18)
     kw = dict(kw)
     batch = kw.pop("batch", 1)
     g, arrays = _graph(cell, direction, 7, batch, hid, full=True, **kw)
@@ -122,8 +123,15 @@ def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction):
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6)
 
 
-def test_short_sequences_or_gru_second_product_do_not_split():
+def test_short_sequences_or_gru_second_product_do_not_split(monkeypatch):
+    monkeypatch.setattr(recurrent, "SPLIT_MIN_R_BYTES", 1 << 18)
     for g, _ in (_graph("lstm", "forward", 5, 1, 128), _graph("gru", "forward", 5, 1, 160,
                                                                full=True)):
         [k] = compile_graph(g).kernels
         assert not choice.shape(k.contraction, k.impl).split
+
+
+def test_no_split_by_default():
+    g, _ = _graph("lstm", "forward", 5, 1, 256, full=True)
+    [k] = compile_graph(g).kernels
+    assert not choice.shape(k.contraction, k.impl).split
