@@ -334,7 +334,8 @@ _EXPORTERS = facets.attach("onnx_export", {
     **{op: _reduce for op in _REDUCE}, "argmax": _arg, "argmin": _arg,
     "reshape": _reshape, "transpose": _transpose, "broadcast": _broadcast, "slice": _slice,
     "concat": _concat, "pad": _pad, "gather": _gather,
-    "matmul": _matmul, "attention": _attention, "recurrence": _recurrence, "conv": _conv, "max_pool": _max_pool, "avg_pool": _avg_pool,
+    "matmul": _matmul, "attention": _attention, "recurrence": _recurrence, "conv": _conv,
+    "max_pool": _max_pool, "avg_pool": _avg_pool,
 })
 
 
