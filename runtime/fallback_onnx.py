@@ -24,6 +24,7 @@ from compiler import dtypes
 from compiler.ops import facets
 from compiler.errors import CompileError, host_op_error
 from compiler.ir import Graph, Node, Value
+from runtime import onnx_recurrence
 from runtime.onnx_carriers import Carrier, carrier, data_dtype, retyped
 from runtime.ort_errors import ort_message, where
 
@@ -74,6 +75,8 @@ class _Emitter:
         self.names: set[str] = set()
         self.count = 0
         self.types: dict[str, onnx.TypeProto] = {}
+        # recurrence node -> the projection its export absorbs (onnx_recurrence.py)
+        self.projections: dict = {}
 
     def fresh(self, hint: str) -> str:
         while True:
@@ -262,34 +265,9 @@ def _attention(em, n, ins, outs):
 
 
 def _recurrence(em, n, ins, outs):
-    """recurrence as ONNX's own LSTM/GRU/RNN on the projected input: X = xw [T, B, D*G*H]
-    and W[d] the 0/1 matrix that selects direction d's columns (exact: one product by 1
-    per element); the outputs Y, Y_h (and Y_c) are stacked into the node's result."""
-    from compiler.ops.recurrence import dims
-
-    t, batch, d, g, h = dims(n)
-    dt = dtypes.to_numpy(n.inputs[0].dtype)
-    x = em.add("Reshape", [ins[0], em.ints([t, batch, d * g * h])])
-    w = np.zeros((d, g * h, d * g * h), dt)
-    for k in range(d):
-        w[k, :, k * g * h:(k + 1) * g * h] = np.eye(g * h, dtype=dt)
-    cell = n.attrs["cell"]
-    bias = em.const(np.zeros((d, 2 * g * h), dt), "bias")
-    if cell == "gru" and n.attrs["linear_before_reset"]:  # Rb_h: the last H of B
-        zeros = em.const(np.zeros((d, 2 * g * h - h), dt), "bias")
-        bias = em.add("Concat", [zeros, ins[4]], axis=1)
-    args = [x, em.const(w, "select"), ins[1], bias, ins[3], ins[2]]
-    if cell == "lstm":
-        args += [ins[4], ins[5]]
-    attrs = {"hidden_size": h, "direction": n.attrs["direction"]}
-    if n.attrs["clip"] > 0:
-        attrs["clip"] = n.attrs["clip"]
-    if cell == "gru":
-        attrs["linear_before_reset"] = int(n.attrs["linear_before_reset"])
-    names = [em.fresh("y") for _ in range(2 + (cell == "lstm"))]
-    em.add({"lstm": "LSTM", "gru": "GRU", "rnn": "RNN"}[cell], args, names, **attrs)
-    states = [em.add("Unsqueeze", [s, em.ints([0])]) for s in names[1:]]
-    em.add("Concat", [names[0]] + states, outs, axis=0)
+    """ONNX's LSTM/GRU/RNN (runtime/onnx_recurrence.py): on X with the projection
+    absorbed where export_onnx found one, else on xw."""
+    onnx_recurrence.export(em, n, ins, outs, em.projections.get(n))
 
 
 def _window_attrs(n) -> dict:
@@ -461,6 +439,8 @@ def export_onnx(graph: Graph, *, output_names: list[str] | None = None, opset: i
     defined: dict[str, str] = {v.name: v.name for v in graph.values()}
     pools = _global_average_pools(graph)
     absorbed = {p.inputs[0].producer for p in pools}
+    em.projections = onnx_recurrence.projections(graph)
+    absorbed |= {m for p in em.projections.values() for m in p.nodes}
     for n in graph.nodes:
         ins = [v.name for v in n.inputs]
         outs = [v.name for v in n.outputs]

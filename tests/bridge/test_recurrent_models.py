@@ -210,3 +210,22 @@ def test_torch_lstm_with_projections_runs_on_torch(tmp_path):
         torch.testing.assert_close(compiled(x), m(x), rtol=1e-5, atol=1e-6)
     dumped = "".join(p.read_text() for p in tmp_path.iterdir() if p.is_file())
     assert "proj_size" in dumped
+
+
+@pytest.mark.parametrize("op,direction,kw", [
+    ("LSTM", "bidirectional", {"initial": True, "peep": True}),
+    ("GRU", "forward", {"lbr": 1, "lens": True}), ("GRU", "reverse", {"lbr": 0}),
+    ("RNN", "forward", {"bias": False})])
+def test_optimize_writes_the_recurrent_op_back(op, direction, kw):
+    """`braze optimize` exports a recurrence whose projection has constant weights as the
+    ONNX op on X again (its matmul and bias absorbed): no MatMul, same numbers."""
+    from bridge.onnx_optimize import optimize_model
+
+    model, feeds = _model(op, direction, **kw)
+    shapes = {n: a.shape for n, a in feeds.items()}
+    out = optimize_model(model, shapes)
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count(op) == 1 and "MatMul" not in ops, ops
+    sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    for g, w in zip(sess.run(None, feeds), _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
