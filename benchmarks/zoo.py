@@ -16,8 +16,8 @@ same model run in float64), the scale braze's error is judged on.
 `--models a b` picks models (`--list` names them); `--cpu znver3 x86-64-v2` also times
 braze (compile_onnx) built for those CPUs (kernels for them, run here: each gets its own
 column), `--only` keeps the runtimes whose names contain a word; `--update-results`
-rewrites the zoo section of benchmarks/RESULTS.md. A full run takes a long time on two cores (inductor
-compiles each model); `--no-inductor` leaves it out.
+rewrites the zoo section of benchmarks/RESULTS.md. A full run takes a long time on two
+cores (inductor compiles each model); `--no-inductor` leaves it out.
 """
 
 from __future__ import annotations
