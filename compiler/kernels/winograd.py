@@ -8,7 +8,7 @@ alpha = m + 2:
 
 so a conv becomes alpha^2 GEMMs, one per position k of the transform domain:
 M_k[tile, co] = sum over ci of V_k[tile, ci] U_k[ci, co], with U = G g G^T computed
-and packed (gemm.py's panels, one set per k) at compile time, V = B^T d B computed per
+and packed (gemm.py's panels, each panel's alpha^2 positions together) at compile time, V = B^T d B computed per
 tile on the fly, and the output transform A^T M A, the bias and the register epilogue
 applied before the store. A work item is a block of up to MR tiles: it transforms
 their input patches once into a scratch on its thread's stack (alpha^2 x tiles x Cin
@@ -166,10 +166,13 @@ F4_MIN_TILES = 32
 
 
 def pack_weight(w: np.ndarray, m: int, tile: Tile) -> np.ndarray:
-    """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as alpha^2 sets of gemm panels of
-    U_k[ci, co], k = alpha a + b, one after another: [k][panel][ci][NR], co padded to
-    whole panels with zeros. One product by kron(G, G) (in float64, rounded once) and
-    one reordering copy."""
+    """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as gemm panels of U_k[ci, co], panel by
+    panel, each panel's alpha^2 positions k one after another: [panel][k][ci][NR], co
+    padded to whole panels with zeros. A work item reads its panels in this order (for
+    each panel, the alpha^2 GEMMs), so it streams U as one contiguous run: with the
+    positions outermost ([k][panel]) its reads jumped every Cin x NR floats (32 KiB at
+    AVX2's NR = 16 and 512 channels) and the hardware prefetcher restarted at each jump.
+    One product by kron(G, G) (in float64, rounded once) and one reordering copy."""
     t, nr = TRANSFORMS[m], tile.nr
     co, ci = w.shape[:2]
     u = w.reshape(co * ci, 9).astype(np.float64) @ np.kron(t.G, t.G).T  # [(co, ci), k]
@@ -177,7 +180,7 @@ def pack_weight(w: np.ndarray, m: int, tile: Tile) -> np.ndarray:
     u = u.astype(np.float32).reshape(co, ci, -1)
     if panels * nr != co:
         u = np.concatenate([u, np.zeros((panels * nr - co, ci, u.shape[2]), np.float32)])
-    return np.ascontiguousarray(u.reshape(panels, nr, ci, -1).transpose(3, 0, 2, 1)).reshape(-1)
+    return np.ascontiguousarray(u.reshape(panels, nr, ci, -1).transpose(0, 3, 2, 1)).reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,8 +311,8 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                                             _i64(s.cin))], source_etype=F32, inbounds=True)
                         for r in range(n)]
             accs = gemm.accumulate(b, t, n, packed_ptr,
-                                   b.mul(b.add(b.mul(k, _i64(panels)), p), _i64(s.cin)), 1,
-                                   s.cin, row_ptrs)
+                                   b.mul(b.add(b.mul(p, _i64(s.alpha ** 2)), k), _i64(s.cin)),
+                                   1, s.cin, row_ptrs)
             for i, acc in enumerate(accs):
                 row = b.add(b.add(b.mul(k, _i64(rows)), r0), _i64(i // t.nv))
                 off = b.add(b.mul(row, _i64(t.nr)), _i64((i % t.nv) * t.vec))
@@ -317,13 +320,14 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                 b.store(acc, _as_vector_ptr(b, ptr, t), align=4)
 
         def gemm_k(b, k):  # a loop, not unrolled: one micro-kernel's code per chunk size
-            size, full, tail = _chunks(rows, t.mr)
-            if full == 1:
-                chunk(b, k, _i64(0), size)
-            else:
-                gemm.for_range(b, full, lambda b, c: chunk(b, k, b.mul(c, _i64(size)), size))
-            if tail:
-                chunk(b, k, _i64(full * size), tail)
+            r0 = 0
+            for size, count in _chunks(rows, t.mr):
+                if count == 1:
+                    chunk(b, k, _i64(r0), size)
+                else:
+                    gemm.for_range(b, count, lambda b, c, r0=r0, size=size: chunk(
+                        b, k, b.add(_i64(r0), b.mul(c, _i64(size))), size))
+                r0 += size * count
 
         gemm.for_range(b, s.alpha ** 2, gemm_k)
         col0 = b.mul(p, _i64(t.nr))
@@ -334,11 +338,13 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
     gemm.for_range(b, per_group, panel_body)
 
 
-def _chunks(rows: int, mr: int) -> tuple[int, int, int]:
-    """A block of `rows` tiles as micro-kernel calls of at most `mr` rows: (chunk size,
-    full chunks, tail rows), the chunks as even as gemm.tile_rows makes them."""
-    size = gemm.tile_rows(rows, mr)
-    return size, rows // size, rows % size
+def _chunks(rows: int, mr: int) -> list[tuple[int, int]]:
+    """A block of `rows` tiles as micro-kernel calls of at most `mr` rows: [(chunk size,
+    how many)], the fewest chunks and as even as gemm.row_split makes them (13 tiles at
+    AVX2's MR = 6: 5, 4, 4, not 5, 5 and a tail of 3 that keeps only six accumulators
+    in flight, below the FMA units' latency times their count)."""
+    size, chunks, big = gemm.row_split(rows, mr)
+    return [(n, c) for n, c in ((size, big), (size - 1, chunks - big)) if c]
 
 
 def _as_vector_ptr(b: ir.IRBuilder, ptr, tile: Tile):
