@@ -7,13 +7,14 @@ alpha = m + 2:
     Y = A^T [ sum over ci of (G g G^T) . (B^T d B) ] A     (. elementwise, alpha x alpha)
 
 so a conv becomes alpha^2 GEMMs, one per position k of the transform domain:
-M_k[tile, co] = sum over ci of V_k[tile, ci] U_k[ci, co], with U = G g G^T computed
-and packed (gemm.py's panels, each panel's alpha^2 positions together) at compile
-time, V = B^T d B computed per tile on the fly, and the output transform A^T M A,
-the bias and the register epilogue applied before the store. A work item is a block
-of up to MR tiles: it transforms their input patches once into a scratch on its thread's stack (alpha^2 x tiles x Cin
-floats), then, for each panel of NR output channels, runs the alpha^2 GEMMs on the
-micro-kernel into a second small scratch and writes the m x m outputs of every tile.
+M_k[tile, co] = sum over ci of V_k[tile, ci] U_k[ci, co], with U = G g G^T computed and
+packed (gemm.py's panels, each panel's alpha^2 positions together) at compile time, V =
+B^T d B computed per tile on the fly, and the output transform A^T M A, the bias and the
+register epilogue applied before the store. A work item is a block of up to MR tiles: it
+transforms their input patches once into a scratch on its thread's stack (alpha^2 x
+tiles x Cin floats), then, for each panel of NR output channels, runs the alpha^2 GEMMs
+on the micro-kernel into a second small scratch and writes the m x m outputs of every
+tile.
 
 Multiplies per output: alpha^2 / m^2 * Cin per co (4 for F(2x2), 2.25 for F(4x4)),
 against 9 * Cin directly. The transforms cost adds and memory traffic, so this pays
