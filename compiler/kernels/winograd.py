@@ -37,8 +37,13 @@ from compiler.kernels.conv import ConvShape
 from compiler.kernels.gemm import F32, I64, Tile
 
 # Stack bytes a work item may use for its transformed patches (alpha^2 x tiles x Cin
-# floats; a block takes fewer tiles where Cin is large).
-SCRATCH_BYTES = 1 << 19
+# floats; a block takes fewer tiles where Cin is large), at most: the scratch is one core's
+# L2 up to this (`scratch_bytes`). Where U streams from memory, a block of more tiles reads
+# it fewer times: batch 8's 7x7x512 F(4x4) (U 38 MB) held 7 tiles in 512 KiB and read U
+# 5 times a call, 14 tiles in 1 MiB read it 3 times; one conv, 1 thread, CPU time (load
+# ~9): AVX-512 8.4 -> 7.1 ms, AVX2 12.8 -> 9.2 (its 7 tiles ran as chunks of 4 and 3).
+# A thread's stack holds it (libgomp's and Python's threads get 2 MiB or more).
+SCRATCH_BYTES = 1 << 20
 # Smallest output side worth tiling: below it, padding the last tile wastes too much.
 MIN_SIDE = 7
 # Tiles per block at least (the micro-kernel's rows): fewer and it is slower than direct.
@@ -126,17 +131,23 @@ def refusal(node, tile: Tile) -> str | None:
     if cin % tile.vec or cout % tile.nr:
         return (f"channels {cin} -> {cout}: Winograd needs multiples of {tile.vec} in, "
                 f"{tile.nr} out")
-    if not _patches_fit(4, cin):
+    if not _patches_fit(4, cin, tile):
         return f"{cin} input channels: the transformed patches would not fit the scratch"
     if min(oh, ow) < MIN_SIDE:
         return f"{oh}x{ow} output: too few 2x2 tiles"
     return None
 
 
-def _patches_fit(alpha: int, cin: int) -> bool:
+def scratch_bytes(tile: Tile) -> int:
+    """A work item's scratch for transformed patches on `tile`'s target: one core's L2
+    (the patches are read again for every panel), at most SCRATCH_BYTES."""
+    return min(tile.l2_bytes, SCRATCH_BYTES)
+
+
+def _patches_fit(alpha: int, cin: int, tile: Tile) -> bool:
     """Whether MIN_ROWS tiles' transformed patches (alpha^2 x Cin floats each) fit the
     scratch."""
-    return alpha * alpha * MIN_ROWS * cin * 4 <= SCRATCH_BYTES
+    return alpha * alpha * MIN_ROWS * cin * 4 <= scratch_bytes(tile)
 
 
 def plan(node, tile: Tile) -> WinogradShape:
@@ -155,7 +166,7 @@ def tile_size(s: ConvShape) -> int:
     there are enough tiles to reuse a large one."""
     t4 = s.n * -(-s.oh // 4) * -(-s.ow // 4)
     u4 = 36 * s.cin * s.cout * 4
-    if not _patches_fit(6, s.cin):
+    if not _patches_fit(6, s.cin, s.tile):
         return 2
     return 4 if u4 <= F4_SMALL_WEIGHT_BYTES or t4 >= F4_MIN_TILES else 2
 
@@ -220,7 +231,7 @@ class WinogradShape(ConvShape):
         several row chunks on each panel while it is in cache (`_chunks`). On a
         narrow-register target (AVX2's MR = 6) the 7x7x512 layer read its 16 MiB U
         three times a call, and took 2.4x the AVX-512 build's time."""
-        fit = SCRATCH_BYTES // (self.alpha ** 2 * self.cin * 4)
+        fit = scratch_bytes(self.tile) // (self.alpha ** 2 * self.cin * 4)
         want = MAX_BLOCK_TILES if self.weight_bytes > self.tile.l2_bytes else self.tile.mr
         most = max(1, min(want, fit))
         blocks = -(-self.tiles // most)
