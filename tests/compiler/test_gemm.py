@@ -106,6 +106,21 @@ def test_row_blocks_are_as_even_as_can_be():
             assert big * rows + (blocks - big) * (rows - 1) == m
 
 
+def test_taller_row_blocks_are_spread_evenly():
+    """block_start: the row_split blocks in order cover M, and the taller ones are spread
+    among the others, so the first half of the blocks holds about half of the rows."""
+    starts = [gemm.block_start(49, 6, rb) for rb in range(10)]
+    assert [b - a for a, b in zip(starts, starts[1:])] == [5, 5, 6, 5, 6, 5, 6, 5, 6]
+    for m in range(1, 120):
+        for mr in (2, 6, 12):
+            rows, blocks, _ = gemm.row_split(m, mr)
+            sizes = [gemm.block_start(m, mr, rb + 1) - gemm.block_start(m, mr, rb)
+                     for rb in range(blocks)]
+            assert sum(sizes) == m and set(sizes) <= {rows, rows - 1}
+            half = gemm.block_start(m, mr, blocks // 2)
+            assert abs(half - m * (blocks // 2) / blocks) <= 1
+
+
 def test_tile_rows_use_the_fewest_blocks_then_the_shortest():
     assert gemm.tile_rows(49, 12) == 10  # 5 blocks of 10 (the last 9), not 4 of 12 and 1
     assert gemm.tile_rows(3136, 12) == 12 and gemm.tile_rows(32, 12) == 11
