@@ -13,9 +13,11 @@ the stock runtimes' medians, braze's compile seconds, braze's max relative error
 against eager fp32, and the model's own fp32 rounding noise (eager fp32 against the
 same model run in float64), the scale braze's error is judged on.
 
-`--models a b` picks models (`--list` names them); `--update-results` rewrites the zoo
-section of benchmarks/RESULTS.md. A full run takes a long time on two cores (inductor
-compiles each model); `--no-inductor` leaves it out.
+`--models a b` picks models (`--list` names them); `--cpu znver3 x86-64-v2` also times
+braze (compile_onnx) built for those CPUs (kernels for them, run here: each gets its own
+column), `--only` keeps the runtimes whose names contain a word; `--update-results`
+rewrites the zoo section of benchmarks/RESULTS.md. A full run takes a long time on two
+cores (inductor compiles each model); `--no-inductor` leaves it out.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ def fp32_noise(module, arrays: list[np.ndarray]) -> float | None:
     return common.max_rel_err(got, ref)
 
 
-def zoo_runtimes(module, arrays, onnx_path: Path | None, inductor: bool):
-    """The runtimes compared on one model (torch eager first: the reference)."""
+def zoo_runtimes(module, arrays, onnx_path: Path | None, inductor: bool, cpus=(), only=()):
+    """The runtimes compared on one model (torch eager first: the reference); braze's
+    ONNX front end also built for each CPU of `cpus` (LLVM names); only those `only`
+    names (substrings), if given."""
     static = {"dynamic": False}
     rts = [runtimes.torch_eager(module, arrays)]
     if inductor:
@@ -72,7 +76,8 @@ def zoo_runtimes(module, arrays, onnx_path: Path | None, inductor: bool):
                                        backend="braze", **static))
     if onnx_path is not None:
         rts.append(runtimes.braze_onnx(onnx_path, arrays))
-    return rts
+        rts += [runtimes.braze_onnx(onnx_path, arrays, t) for t in runtimes.cpu_targets(cpus)]
+    return runtimes.chosen(rts, only)
 
 
 def export(module, arrays, path: Path) -> Path | None:
@@ -92,7 +97,8 @@ def export(module, arrays, path: Path) -> Path | None:
         torch.backends.mha.set_fastpath_enabled(before)
 
 
-def run_model(zm: ZooModel, settings: Settings, workdir: Path, inductor: bool) -> dict:
+def run_model(zm: ZooModel, settings: Settings, workdir: Path, inductor: bool, cpus=(),
+              only=()) -> dict:
     """Build, export, check and time one model."""
     import torch
 
@@ -107,7 +113,8 @@ def run_model(zm: ZooModel, settings: Settings, workdir: Path, inductor: bool) -
         module, arrays = zm.build()
         noise = fp32_noise(module, arrays)
         onnx_path = export(module, arrays, workdir / f"{zm.name}.onnx")
-        case = common.measure(zm.name, zoo_runtimes(module, arrays, onnx_path, inductor),
+        case = common.measure(zm.name, zoo_runtimes(module, arrays, onnx_path, inductor, cpus,
+                                                       only),
                               settings)
     finally:
         torch.backends.mha.set_fastpath_enabled(before)
@@ -141,10 +148,22 @@ def braze_field(case: dict, key: str, show) -> str:
     return " / ".join(cells)
 
 
-def model_row(case: dict) -> list[str]:
+def target_names(cases: list[dict]) -> list[str]:
+    """braze (compile_onnx) built for other CPUs (--cpu), in the order they ran."""
+    names = []
+    for case in cases:
+        for r in case["results"]:
+            if not r["stock"] and r["runtime"] not in BRAZE and r["runtime"] not in names:
+                names.append(r["runtime"])
+    return names
+
+
+def model_row(case: dict, others=()) -> list[str]:
+    """A model's cells: braze's front ends, then braze built for `others` (other CPUs),
+    the stock runtimes, compile seconds and errors."""
     best = common.fastest_stock_ms(case)
     row = [case["case"]]
-    for name in BRAZE:
+    for name in (*BRAZE, *others):
         row += braze_cells(case, name, best)
     row += [stock_cell(case, name) for name in STOCK]
     row += [braze_field(case, "compile_s", fmt), braze_field(case, "max_rel_err", fmt_err),
@@ -163,9 +182,9 @@ def ratios(cases: list[dict], name: str) -> list[float]:
 
 
 def geomean_line(cases: list[dict]) -> str:
-    """Geometric means of braze's ratios, per front end."""
+    """Geometric means of braze's ratios, per front end (and per other CPU built for)."""
     parts = []
-    for name in BRAZE:
+    for name in (*BRAZE, *target_names(cases)):
         rs = ratios(cases, name)
         if rs:
             parts.append(f"{name}: {float(np.exp(np.mean(np.log(rs)))):.2f}x over "
@@ -174,10 +193,13 @@ def geomean_line(cases: list[dict]) -> str:
 
 
 def report(payload: dict) -> str:
-    headers = ["model", "braze onnx ms (vs best)", "braze torch ms (vs best)", "eager",
-               "inductor+freezing", "onnxruntime", "openvino", "braze compile s (onnx / torch)",
-               "braze max rel err (onnx / torch)", "fp32 noise"]
-    rows = [model_row(c) for c in payload["cases"]]
+    others = target_names(payload["cases"])
+    headers = ["model", "braze onnx ms (vs best)", "braze torch ms (vs best)",
+               *(f"{name.removeprefix('braze ')} ms (vs best)" for name in others),
+               "eager", "inductor+freezing", "onnxruntime", "openvino",
+               "braze compile s (onnx / torch)", "braze max rel err (onnx / torch)",
+               "fp32 noise"]
+    rows = [model_row(c, others) for c in payload["cases"]]
     return common.markdown_table(headers, rows) + "\n\n" + geomean_line(payload["cases"])
 
 
@@ -206,6 +228,7 @@ def parse_args(argv):
     p.add_argument("--budget", type=float, default=MODEL_BUDGET_S,
                    help="seconds of timed rounds per model at most")
     p.add_argument("--no-inductor", action="store_true", help="leave inductor out")
+    common.add_target_args(p)
     p.add_argument("--out", type=Path, default=OUT_DIR)
     p.add_argument("--update-results", action="store_true",
                    help="rewrite the zoo section of benchmarks/RESULTS.md")
@@ -233,7 +256,7 @@ def main(argv=None) -> dict:
                         lead_in=1)
     with tempfile.TemporaryDirectory(prefix="braze-zoo-") as tmp, \
             common.fresh_compile_caches(Path(tmp)):
-        cases = [run_model(m, settings, Path(tmp), not args.no_inductor)
+        cases = [run_model(m, settings, Path(tmp), not args.no_inductor, args.cpu, args.only)
                  for m in selected(args)]
     payload = {"benchmark": "zoo", "machine": common.machine_info(),
                "settings": settings.to_dict(), "cases": cases}

@@ -171,13 +171,14 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
 
         outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
         vals = gemm.accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer, inner,
-                               row_ptrs)
+                               row_ptrs, gemm.next_panel(b, t, s.m, s.k, row0, by_rows, group))
         gemm.store_tile(b, t, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
         if after is not None:
             after(b, rows, row0, panel)
 
-    gemm.for_each_tile(b, t, s.m, s.cout, item, tile,
-                       gemm.row_major(t, s.k, s.cout, s.m) or s.copies_rows)
+    by_rows = gemm.row_major(t, s.k, s.cout, s.m) or s.copies_rows
+    group = gemm.panel_group(t, s.k, s.cout, s.n * s.h * s.w * s.cin * 4, by_rows)
+    gemm.for_each_tile(b, t, s.m, s.cout, item, tile, by_rows, group)
 
 
 def _pixel(b: ir.IRBuilder, s: ConvShape, p) -> tuple:

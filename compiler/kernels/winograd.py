@@ -7,13 +7,14 @@ alpha = m + 2:
     Y = A^T [ sum over ci of (G g G^T) . (B^T d B) ] A     (. elementwise, alpha x alpha)
 
 so a conv becomes alpha^2 GEMMs, one per position k of the transform domain:
-M_k[tile, co] = sum over ci of V_k[tile, ci] U_k[ci, co], with U = G g G^T computed
-and packed (gemm.py's panels, one set per k) at compile time, V = B^T d B computed per
-tile on the fly, and the output transform A^T M A, the bias and the register epilogue
-applied before the store. A work item is a block of up to MR tiles: it transforms
-their input patches once into a scratch on its thread's stack (alpha^2 x tiles x Cin
-floats), then, for each panel of NR output channels, runs the alpha^2 GEMMs on the
-micro-kernel into a second small scratch and writes the m x m outputs of every tile.
+M_k[tile, co] = sum over ci of V_k[tile, ci] U_k[ci, co], with U = G g G^T computed and
+packed (gemm.py's panels, each panel's alpha^2 positions together) at compile time, V =
+B^T d B computed per tile on the fly, and the output transform A^T M A, the bias and the
+register epilogue applied before the store. A work item is a block of up to MR tiles: it
+transforms their input patches once into a scratch on its thread's stack (alpha^2 x
+tiles x Cin floats), then, for each panel of NR output channels, runs the alpha^2 GEMMs
+on the micro-kernel into a second small scratch and writes the m x m outputs of every
+tile.
 
 Multiplies per output: alpha^2 / m^2 * Cin per co (4 for F(2x2), 2.25 for F(4x4)),
 against 9 * Cin directly. The transforms cost adds and memory traffic, so this pays
@@ -36,8 +37,13 @@ from compiler.kernels.conv import ConvShape
 from compiler.kernels.gemm import F32, I64, Tile
 
 # Stack bytes a work item may use for its transformed patches (alpha^2 x tiles x Cin
-# floats; a block takes fewer tiles where Cin is large).
-SCRATCH_BYTES = 1 << 19
+# floats; a block takes fewer tiles where Cin is large), at most: the scratch is one core's
+# L2 up to this (`scratch_bytes`). Where U streams from memory, a block of more tiles reads
+# it fewer times: batch 8's 7x7x512 F(4x4) (U 38 MB) held 7 tiles in 512 KiB and read U
+# 5 times a call, 14 tiles in 1 MiB read it 3 times; one conv, 1 thread, CPU time (load
+# ~9): AVX-512 8.4 -> 7.1 ms, AVX2 12.8 -> 9.2 (its 7 tiles ran as chunks of 4 and 3).
+# A thread's stack holds it (libgomp's and Python's threads get 2 MiB or more).
+SCRATCH_BYTES = 1 << 20
 # Smallest output side worth tiling: below it, padding the last tile wastes too much.
 MIN_SIDE = 7
 # Tiles per block at least (the micro-kernel's rows): fewer and it is slower than direct.
@@ -125,17 +131,23 @@ def refusal(node, tile: Tile) -> str | None:
     if cin % tile.vec or cout % tile.nr:
         return (f"channels {cin} -> {cout}: Winograd needs multiples of {tile.vec} in, "
                 f"{tile.nr} out")
-    if not _patches_fit(4, cin):
+    if not _patches_fit(4, cin, tile):
         return f"{cin} input channels: the transformed patches would not fit the scratch"
     if min(oh, ow) < MIN_SIDE:
         return f"{oh}x{ow} output: too few 2x2 tiles"
     return None
 
 
-def _patches_fit(alpha: int, cin: int) -> bool:
+def scratch_bytes(tile: Tile) -> int:
+    """A work item's scratch for transformed patches on `tile`'s target: one core's L2
+    (the patches are read again for every panel), at most SCRATCH_BYTES."""
+    return min(tile.l2_bytes, SCRATCH_BYTES)
+
+
+def _patches_fit(alpha: int, cin: int, tile: Tile) -> bool:
     """Whether MIN_ROWS tiles' transformed patches (alpha^2 x Cin floats each) fit the
     scratch."""
-    return alpha * alpha * MIN_ROWS * cin * 4 <= SCRATCH_BYTES
+    return alpha * alpha * MIN_ROWS * cin * 4 <= scratch_bytes(tile)
 
 
 def plan(node, tile: Tile) -> WinogradShape:
@@ -154,7 +166,7 @@ def tile_size(s: ConvShape) -> int:
     there are enough tiles to reuse a large one."""
     t4 = s.n * -(-s.oh // 4) * -(-s.ow // 4)
     u4 = 36 * s.cin * s.cout * 4
-    if not _patches_fit(6, s.cin):
+    if not _patches_fit(6, s.cin, s.tile):
         return 2
     return 4 if u4 <= F4_SMALL_WEIGHT_BYTES or t4 >= F4_MIN_TILES else 2
 
@@ -166,10 +178,13 @@ F4_MIN_TILES = 32
 
 
 def pack_weight(w: np.ndarray, m: int, tile: Tile) -> np.ndarray:
-    """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as alpha^2 sets of gemm panels of
-    U_k[ci, co], k = alpha a + b, one after another: [k][panel][ci][NR], co padded to
-    whole panels with zeros. One product by kron(G, G) (in float64, rounded once) and
-    one reordering copy."""
+    """W[co, ci, 3, 3] -> U = G g G^T per (co, ci), as gemm panels of U_k[ci, co], panel by
+    panel, each panel's alpha^2 positions k one after another: [panel][k][ci][NR], co
+    padded to whole panels with zeros. A work item reads its panels in this order (for
+    each panel, the alpha^2 GEMMs), so it streams U as one contiguous run: with the
+    positions outermost ([k][panel]) its reads jumped every Cin x NR floats (32 KiB at
+    AVX2's NR = 16 and 512 channels) and the hardware prefetcher restarted at each jump.
+    One product by kron(G, G) (in float64, rounded once) and one reordering copy."""
     t, nr = TRANSFORMS[m], tile.nr
     co, ci = w.shape[:2]
     u = w.reshape(co * ci, 9).astype(np.float64) @ np.kron(t.G, t.G).T  # [(co, ci), k]
@@ -177,7 +192,7 @@ def pack_weight(w: np.ndarray, m: int, tile: Tile) -> np.ndarray:
     u = u.astype(np.float32).reshape(co, ci, -1)
     if panels * nr != co:
         u = np.concatenate([u, np.zeros((panels * nr - co, ci, u.shape[2]), np.float32)])
-    return np.ascontiguousarray(u.reshape(panels, nr, ci, -1).transpose(3, 0, 2, 1)).reshape(-1)
+    return np.ascontiguousarray(u.reshape(panels, nr, ci, -1).transpose(0, 3, 2, 1)).reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +231,7 @@ class WinogradShape(ConvShape):
         several row chunks on each panel while it is in cache (`_chunks`). On a
         narrow-register target (AVX2's MR = 6) the 7x7x512 layer read its 16 MiB U
         three times a call, and took 2.4x the AVX-512 build's time."""
-        fit = SCRATCH_BYTES // (self.alpha ** 2 * self.cin * 4)
+        fit = scratch_bytes(self.tile) // (self.alpha ** 2 * self.cin * 4)
         want = MAX_BLOCK_TILES if self.weight_bytes > self.tile.l2_bytes else self.tile.mr
         most = max(1, min(want, fit))
         blocks = -(-self.tiles // most)
@@ -308,8 +323,8 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                                             _i64(s.cin))], source_etype=F32, inbounds=True)
                         for r in range(n)]
             accs = gemm.accumulate(b, t, n, packed_ptr,
-                                   b.mul(b.add(b.mul(k, _i64(panels)), p), _i64(s.cin)), 1,
-                                   s.cin, row_ptrs)
+                                   b.mul(b.add(b.mul(p, _i64(s.alpha ** 2)), k), _i64(s.cin)),
+                                   1, s.cin, row_ptrs, _next_slice(b, s, rows, r0))
             for i, acc in enumerate(accs):
                 row = b.add(b.add(b.mul(k, _i64(rows)), r0), _i64(i // t.nv))
                 off = b.add(b.mul(row, _i64(t.nr)), _i64((i % t.nv) * t.vec))
@@ -317,13 +332,14 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                 b.store(acc, _as_vector_ptr(b, ptr, t), align=4)
 
         def gemm_k(b, k):  # a loop, not unrolled: one micro-kernel's code per chunk size
-            size, full, tail = _chunks(rows, t.mr)
-            if full == 1:
-                chunk(b, k, _i64(0), size)
-            else:
-                gemm.for_range(b, full, lambda b, c: chunk(b, k, b.mul(c, _i64(size)), size))
-            if tail:
-                chunk(b, k, _i64(full * size), tail)
+            r0 = 0
+            for size, count in _chunks(rows, t.mr):
+                if count == 1:
+                    chunk(b, k, _i64(r0), size)
+                else:
+                    gemm.for_range(b, count, lambda b, c, r0=r0, size=size: chunk(
+                        b, k, b.add(_i64(r0), b.mul(c, _i64(size))), size))
+                r0 += size * count
 
         gemm.for_range(b, s.alpha ** 2, gemm_k)
         col0 = b.mul(p, _i64(t.nr))
@@ -334,11 +350,29 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
     gemm.for_range(b, per_group, panel_body)
 
 
-def _chunks(rows: int, mr: int) -> tuple[int, int, int]:
-    """A block of `rows` tiles as micro-kernel calls of at most `mr` rows: (chunk size,
-    full chunks, tail rows), the chunks as even as gemm.tile_rows makes them."""
-    size = gemm.tile_rows(rows, mr)
-    return size, rows // size, rows % size
+def _chunks(rows: int, mr: int) -> list[tuple[int, int]]:
+    """A block of `rows` tiles as micro-kernel calls of at most `mr` rows: [(chunk size,
+    how many)], the fewest chunks and as even as gemm.row_split makes them (13 tiles at
+    AVX2's MR = 6: 5, 4, 4, not 5, 5 and a tail of 3 that keeps only six accumulators
+    in flight, below the FMA units' latency times their count)."""
+    size, chunks, big = gemm.row_split(rows, mr)
+    return [(n, c) for n, c in ((size, big), (size - 1, chunks - big)) if c]
+
+
+def _next_slice(b, s: WinogradShape, rows: int, r0):
+    """The `far` prefetch of a row chunk (gemm.accumulate), or None. A block of more tiles
+    than MR runs each (panel, position) slice of U as several chunks: the first streams
+    the slice from L3 or memory, the others read it from L2. The second chunk also asks
+    for the next slice (Cin x NR floats on: U is packed in the order items read it) into
+    L2, so the outer caches stream while the chunks compute. One conv, 1 thread, same
+    process (CPU time, min of 21, load ~5), ms: 7x7x512 F(2x2) AVX-512 1.62 -> 1.54, AVX2
+    1.91 -> 1.78; 14x14x256 1.11 -> 1.10, AVX2 1.25 -> 1.16; 28x28x128 F(4x4) 0.79 ->
+    0.72, AVX2 0.94 -> 0.90."""
+    t = s.tile
+    if rows <= t.mr:
+        return None
+    second = b.icmp_unsigned("==", r0, _i64(_chunks(rows, t.mr)[0][0]))
+    return b.select(second, _i64(s.cin * t.nr), _i64(gemm.prefetch_steps(t) * t.nr))
 
 
 def _as_vector_ptr(b: ir.IRBuilder, ptr, tile: Tile):

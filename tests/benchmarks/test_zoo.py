@@ -64,3 +64,21 @@ def test_zero_initialized_weights_get_random_values():
     before = net[0].weight.clone()
     zoo_models.randomize_zero_weights(net)
     assert torch.any(net[1].weight != 0) and torch.equal(net[0].weight, before)
+
+
+def test_cpu_targets_get_their_own_runtime_and_column(tmp_path):
+    args = zoo.parse_args(["--cpu", "znver3", "--only", "compile_onnx", "--no-inductor"])
+    assert args.cpu == ["znver3"] and args.only == ["compile_onnx"]
+    net = torch.nn.Linear(4, 4).eval()
+    x = np.zeros((1, 4), np.float32)
+    names = [rt.name for rt in zoo.zoo_runtimes(net, [x], tmp_path / "m.onnx", False,
+                                                args.cpu, args.only)]
+    assert names == ["torch eager", "braze (compile_onnx)",
+                     "braze (compile_onnx, cpu:znver3)"]
+    case = {"case": "m", "fp32_noise": 1e-7, "results": [
+        _result("torch eager", True, 10.0), _result("onnxruntime", True, 4.0),
+        _result("braze (compile_onnx)", False, 2.0),
+        _result("braze (compile_onnx, cpu:znver3)", False, 3.0)]}
+    table = zoo.report({"cases": [case]})
+    assert "(compile_onnx, cpu:znver3) ms (vs best)" in table and "3.00 (0.75x)" in table
+    assert "braze (compile_onnx, cpu:znver3): 0.75x over 1 models" in table

@@ -212,8 +212,8 @@ def test_winograd_3x3_matches_torch(x_shape, cout, pads, m, rtol, monkeypatch):
 @pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
 def test_winograd_blocks_past_the_register_tile_match_torch(spec, monkeypatch):
     """Where U is larger than L2 (here 2 MiB), a block holds more tiles than the
-    micro-kernel's MR rows and runs them as several row chunks per panel (full chunks in
-    a loop, then a tail): on AVX-512 (MR 12) and AVX2 (MR 6) alike, the numbers are a
+    micro-kernel's MR rows and runs them as several row chunks per panel (as even as can
+    be, those of one size in a loop): on AVX-512 (MR 12) and AVX2 (MR 6) alike, the numbers are a
     direct conv's."""
     from compiler import target as targets
     from compiler.kernels import winograd
@@ -229,9 +229,10 @@ def test_winograd_blocks_past_the_register_tile_match_torch(spec, monkeypatch):
     shape = winograd.plan(node, tile)
     assert shape.weight_bytes > tile.l2_bytes
     assert shape.rows == 14 > tile.mr and shape.blocks == 4
-    size, full, tail = winograd._chunks(shape.rows, tile.mr)
-    assert size * full + tail == 14 and size <= tile.mr and full == 14 // size
-    assert winograd._chunks(13, 6) == (5, 2, 3)  # a tail chunk after the loop
+    chunks = winograd._chunks(shape.rows, tile.mr)
+    assert sum(n * c for n, c in chunks) == 14 and all(n <= tile.mr for n, _ in chunks)
+    assert winograd._chunks(13, 6) == [(5, 1), (4, 2)]  # as even as can be
+    assert winograd._chunks(16, 6) == [(6, 1), (5, 2)] and winograd._chunks(12, 6) == [(6, 2)]
     x = rng.standard_normal(x_shape).astype(np.float32)
     y, = CpuStep(compile_graph(g, target=spec)).run([x])
     want = _torch_conv(x, w, bias, (1, 1), (1, 1, 1, 1), (1, 1))

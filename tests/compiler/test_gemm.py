@@ -106,6 +106,21 @@ def test_row_blocks_are_as_even_as_can_be():
             assert big * rows + (blocks - big) * (rows - 1) == m
 
 
+def test_taller_row_blocks_are_spread_evenly():
+    """block_start: the row_split blocks in order cover M, and the taller ones are spread
+    among the others, so the first half of the blocks holds about half of the rows."""
+    starts = [gemm.block_start(49, 6, rb) for rb in range(10)]
+    assert [b - a for a, b in zip(starts, starts[1:])] == [5, 5, 6, 5, 6, 5, 6, 5, 6]
+    for m in range(1, 120):
+        for mr in (2, 6, 12):
+            rows, blocks, _ = gemm.row_split(m, mr)
+            sizes = [gemm.block_start(m, mr, rb + 1) - gemm.block_start(m, mr, rb)
+                     for rb in range(blocks)]
+            assert sum(sizes) == m and set(sizes) <= {rows, rows - 1}
+            half = gemm.block_start(m, mr, blocks // 2)
+            assert abs(half - m * (blocks // 2) / blocks) <= 1
+
+
 def test_tile_rows_use_the_fewest_blocks_then_the_shortest():
     assert gemm.tile_rows(49, 12) == 10  # 5 blocks of 10 (the last 9), not 4 of 12 and 1
     assert gemm.tile_rows(3136, 12) == 12 and gemm.tile_rows(32, 12) == 11
@@ -157,3 +172,33 @@ def test_an_empty_contraction_is_zeros_without_the_gemm():
     assert "gemm.loop" not in cg.llvm_ir and cg.kernels[0].contraction is not None
     y, = cg.run([np.zeros((5, 0), np.float32)])
     np.testing.assert_array_equal(y, np.zeros((5, 40), np.float32))
+
+
+def test_panel_groups_are_sized_from_l2_and_match_numpy(monkeypatch):
+    """Where A outgrows L2, a panel-major product walks groups of panels (half of L2) per
+    row block: ResNet-50's batch-8 3x3 stride-2 conv on AVX2 takes groups of 3 panels, none
+    where A fits L2 or tiles go by rows. A small L2 forces groups of 3 over 22 panels (the
+    last group a single ragged panel) on AVX2's 6 x 16 tile, two threads."""
+    import dataclasses
+
+    from compiler import target as targets
+
+    avx2 = gemm.Tile.of(targets.parse("cpu:znver3"))
+    assert gemm.panel_group(avx2, 2304, 256, 8 * 28 * 28 * 256 * 4, False) == 3
+    assert gemm.panel_group(avx2, 2304, 256, 1 << 19, False) == 1
+    assert gemm.panel_group(avx2, 2304, 256, 8 << 20, True) == 1
+    of = gemm.Tile.of
+    small = classmethod(lambda cls, t: dataclasses.replace(of(t), l2_bytes=96 << 10))
+    monkeypatch.setattr(gemm.Tile, "of", small)
+    m, k, n = 100, 256, 347
+    tile = gemm.Tile.of(targets.parse("cpu:znver3"))
+    assert not gemm.row_major(tile, k, n, m)
+    assert gemm.panel_group(tile, k, n, m * k * 4, False) == 3 and -(-n // tile.nr) == 22
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y, = CpuStep(compile_graph(_matmul((m, k), (k, n), w), target="cpu:znver3"),
+                 threads=2).run([a])
+    want = a.astype(np.float64) @ w
+    scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
+    np.testing.assert_allclose(y, want, rtol=0, atol=4e-7 * scale)
