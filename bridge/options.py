@@ -32,17 +32,24 @@ class Options:
     and artifacts: `target` (a compiler.target spec: "cpu", "cpu:<LLVM CPU name>...",
     "cuda", of a kind in TARGETS), `allow_fallback` (False: a node braze
     cannot compile is a CompileError, not a host step), `threads` (for braze's kernels
-    and onnxruntime's host steps)."""
+    and onnxruntime's host steps), `dynamic` (ONNX inputs' symbolic dims: "auto" buckets a
+    symbolic dim once a second distinct value of it is called, so that lengths up to 512
+    compile at most 10 times (bridge/dynamic.py); "off": every shape compiles exactly; a
+    dim name, e.g. "seq": bucket that dim from the first call)."""
 
     TARGETS = ("cpu", "cuda")  # the target kinds (compiler.target.kind) it compiles for
 
     target: str = "cpu"
     allow_fallback: bool = True
     threads: int = 2
+    dynamic: str = "auto"
 
     def __post_init__(self):
         check_threads(self.threads)
         self.check_target()
+        if not isinstance(self.dynamic, str) or not self.dynamic:
+            raise BrazeError(f"dynamic must be 'auto', 'off' or the name of a symbolic input "
+                             f"dim, got {self.dynamic!r}")
 
     def check_target(self) -> None:
         """BrazeError (TargetError for a spec LLVM does not know) unless this front end
