@@ -10,8 +10,8 @@ proves that padding cannot change a valid output (rewriting reductions, contract
 and attention over the length so that padded positions count as their identity), or
 refuses with a reason: then that length compiles exactly, as without this module.
 
-Lengths 1..512 need at most 10 bucket compiles. A length of 1 is its own bucket and
-compiles exactly (nothing to pad).
+Lengths 1..512 need at most 8 bucket compiles (4, 8, ..., 512); with "auto", one more
+for the first length, compiled exactly.
 """
 
 from __future__ import annotations
@@ -26,15 +26,26 @@ from compiler.passes.padding import Padding
 log = logging.getLogger("braze")
 
 BUCKET_BASE = 2  # buckets are powers of two: at most log2(max length) + 1 compiles
+# The smallest bucket: lengths 1..4 share it (padding a handful of rows costs nothing
+# worth a compile), and its probe (3) stays clear of the passes' size-1 special cases.
+MIN_BUCKET = 4
 AUTO, OFF = "auto", "off"  # Options.dynamic's words (any other string names a symbol)
 
 
 def bucket_of(n: int) -> int:
-    """The bucket length serving length n: the smallest power of BUCKET_BASE >= n."""
-    b = 1
+    """The bucket length serving length n: the smallest power of BUCKET_BASE >= n, at
+    least MIN_BUCKET."""
+    b = MIN_BUCKET
     while b < n:
         b *= BUCKET_BASE
     return b
+
+
+def probe_length(length: int) -> int:
+    """The length the padding pass compares the bucket's graph with: one less, so that a
+    size threshold of the passes at a power of two (constants folded or merged "up to"
+    4096 elements, 1 MiB) falls on the same side for both."""
+    return length - 1
 
 
 def symbolic_dims(model) -> dict:
@@ -77,7 +88,7 @@ class LengthPolicy:
         for s in self._dynamic():
             if len(values[s]) == 1:
                 n = next(iter(values[s]))
-                return (s, n) if n > 1 else None
+                return s, n
         return None
 
     def _dynamic(self) -> list:

@@ -14,7 +14,7 @@ import logging
 
 import numpy as np
 
-from bridge.dynamic import LengthPolicy, PadPlan, bucket_of
+from bridge.dynamic import LengthPolicy, PadPlan, bucket_of, probe_length
 from bridge.inputs import bind_inputs, check_input, input_spec
 from bridge.options import Options
 from bridge.specializations import MISSING, SpecializationCache
@@ -168,8 +168,8 @@ class CompiledOnnxModel:
             return spec, n
 
     def _build_bucket(self, shapes: dict, symbol: str, length: int) -> _Specialization:
-        """The bucket of `length` (the shapes are at it), probed at length + 1."""
-        probe = self._lengths.with_length(shapes, symbol, length + 1)
+        """The bucket of `length` (the shapes are at it), probed at length - 1."""
+        probe = self._lengths.with_length(shapes, symbol, probe_length(length))
         log.info("compiling %s for %s up to %d, input shapes %s",
                  self._model.graph.name or "model", symbol, length, shapes)
         spec = _Specialization(self._model, shapes, {}, self.options, probe)

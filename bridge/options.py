@@ -33,8 +33,9 @@ class Options:
     "cuda", of a kind in TARGETS), `allow_fallback` (False: a node braze
     cannot compile is a CompileError, not a host step), `threads` (for braze's kernels
     and onnxruntime's host steps), `dynamic` (ONNX inputs' symbolic dims: "auto" buckets a
-    symbolic dim once a second distinct value of it is called, so that lengths up to 512
-    compile at most 10 times (bridge/dynamic.py); "off": every shape compiles exactly; a
+    symbolic dim once a second distinct value of it is called: a power-of-two bucket per
+    compile, padded inputs, sliced outputs, so that lengths 1..512 compile at most 9 times
+    (bridge/dynamic.py); "off": every shape compiles exactly; a
     dim name, e.g. "seq": bucket that dim from the first call)."""
 
     TARGETS = ("cpu", "cuda")  # the target kinds (compiler.target.kind) it compiles for

@@ -9,7 +9,8 @@ refuses with a sentence (the front end then compiles the exact shapes, as before
 
 Which axes carry the length. Not guessed from sizes (a bucket of 256 would meet
 d_model 256): the front end imports and optimizes the model twice, at L (`bucket`)
-and at another length (`probe`, L + 1), and node i of one is node i of the other.
+and at another length (`probe`: bridge/dynamic.py takes L - 1), and node i of one is
+node i of the other.
 An axis whose size is L in one and the probe length in the other carries the length;
 any other difference refuses: a different structure (a pass decided by size), a dim
 that is a multiple of the length (merged into another axis), an attribute that moves
