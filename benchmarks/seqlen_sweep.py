@@ -28,23 +28,25 @@ LENGTHS = [7, 1, 2, 3, 5, 8, 13, 16, 21, 32, 50, 64, 100, 128, 200, 256, 300, 38
 D_MODEL, HEADS, FEED_FORWARD = 256, 8, 512
 
 
-def encoder(layers: int, causal: bool):
+def encoder(layers: int, causal: bool, d: int = D_MODEL, heads: int = HEADS,
+            feed_forward: int = FEED_FORWARD):
+    """`layers` post-norm encoder layers (self-attention written out: reshape with -1,
+    softmax, optional causal mask from the traced length)."""
     import torch
     import torch.nn.functional as F
 
     class Layer(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            d = D_MODEL
             self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-            self.ff1, self.ff2 = torch.nn.Linear(d, FEED_FORWARD), torch.nn.Linear(FEED_FORWARD, d)
+            self.ff1, self.ff2 = torch.nn.Linear(d, feed_forward), torch.nn.Linear(feed_forward, d)
             self.n1, self.n2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
 
         def forward(self, x):
-            b, n, d = x.shape
+            b, n, _ = x.shape
             q, k, v = self.qkv(x).split(d, dim=-1)
-            q, k, v = (t.reshape(b, -1, HEADS, d // HEADS).transpose(1, 2) for t in (q, k, v))
-            s = q @ k.transpose(-1, -2) / math.sqrt(d // HEADS)
+            q, k, v = (t.reshape(b, -1, heads, d // heads).transpose(1, 2) for t in (q, k, v))
+            s = q @ k.transpose(-1, -2) / math.sqrt(d // heads)
             if causal:
                 i = torch.arange(n)
                 s = s.masked_fill(i[None, :] > i[:, None], float("-inf"))
@@ -56,14 +58,15 @@ def encoder(layers: int, causal: bool):
     return torch.nn.Sequential(*[Layer() for _ in range(layers)]).eval()
 
 
-def export(module, path: str) -> None:
+def export(module, path: str, d: int = D_MODEL) -> None:
+    """ONNX with the sequence axis of x and y symbolic ("seq")."""
     import warnings
 
     import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.randn(1, 7, D_MODEL),), path, input_names=["x"],
+        torch.onnx.export(module, (torch.randn(1, 7, d),), path, input_names=["x"],
                           output_names=["y"], dynamic_axes={"x": {1: "seq"}, "y": {1: "seq"}},
                           opset_version=17, dynamo=False)
 

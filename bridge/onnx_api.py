@@ -153,7 +153,7 @@ class CompiledOnnxModel:
             symbol, n = found
             length = bucket_of(n)
             bucket = self._lengths.with_length(shapes, symbol, length)
-            key = ("padded", symbol) + tuple(sorted(bucket.items()))
+            key = (("@padded", symbol),) + tuple(sorted(bucket.items()))
             if key in self._refused:
                 return None
             try:
@@ -288,7 +288,8 @@ class CompiledOnnxModel:
     def _declared_shapes(self) -> dict:
         """The shapes of the latest call (explain() with no shapes given)."""
         key = self._specs.latest_key()
-        return {e[0]: e[1] for e in key if len(e) == 2} if key is not None else {}
+        return {e[0]: e[1] for e in key if len(e) == 2 and isinstance(e[1], tuple)
+                } if key is not None else {}
 
 
 def explain_onnx(model, shapes: dict, target: str = "cpu", kernels: bool = False) -> str:

@@ -86,7 +86,9 @@ class TorchOptions(Options):
     """`options=` of torch.compile(backend="braze"): Options, plus `dump_dir` (IR text,
     clusters and LLVM IR of each graph written there), `freeze` (parameters and buffers
     of inference graphs become constants) and `strict` (an error in braze raises instead
-    of running the graph eagerly)."""
+    of running the graph eagerly). `dynamic` is not read here: torch.compile itself
+    decides which dims are dynamic, and braze compiles each graph it is handed for the
+    shapes of its call."""
 
     TARGETS = ("cpu",)
 

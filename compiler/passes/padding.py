@@ -133,7 +133,8 @@ def _axes_of(vb: Value, vx: Value, length: int, probe_length: int) -> Axes:
             continue
         if (a, b) != (length, probe_length):
             raise PaddingRefused(f"dim {k} of %{vb.name} is {a} at length {length} and {b} "
-                                 f"at {probe_length}: the length is merged into it")
+                                 f"at {probe_length}: not the length itself (merged with "
+                                 "another axis, shifted or repeated)")
         found.add(k)
     return Axes(found)
 

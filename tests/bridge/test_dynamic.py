@@ -1,0 +1,119 @@
+"""A dynamic sequence length (bridge/dynamic.py): lengths share power-of-two buckets, every
+output matches onnxruntime (1, bucket sizes and lengths between), a model padding cannot
+serve compiles exact shapes with the reason logged, and an artifact serves the lengths of
+its buckets without compiling."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import bridge
+from benchmarks.seqlen_sweep import encoder, export
+from bridge.dynamic import bucket_of, symbolic_dims
+from tests.tolerances import assert_close
+
+D = 32
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["bidirectional", "causal"])
+def encoder_path(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("enc") / "enc.onnx")
+    export(encoder(2, request.param, d=D, heads=4, feed_forward=64), path, d=D)
+    return path
+
+
+def _check(m, path, lengths):
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for n in lengths:
+        x = RNG.standard_normal((1, n, D)).astype(np.float32)
+        got = m(x)[0]
+        assert got.shape == (1, n, D)
+        assert_close(got, sess.run(None, {"x": x})[0])
+
+
+def test_buckets():
+    assert [bucket_of(n) for n in (1, 3, 4, 5, 8, 9, 300, 512)] == [4, 4, 4, 8, 8, 16, 512, 512]
+    assert len({bucket_of(n) for n in range(1, 513)}) == 8
+
+
+def test_symbolic_dims_name_the_dynamic_axes(encoder_path):
+    assert symbolic_dims(onnx.load(encoder_path)) == {"seq": [("x", 1)]}
+
+
+def test_lengths_share_buckets_and_match_onnxruntime(encoder_path):
+    m = bridge.compile_onnx(encoder_path)  # dynamic="auto"
+    lengths = [5, 1, 2, 3, 4, 7, 8, 9, 16, 17, 5]
+    _check(m, encoder_path, lengths)
+    # the first length exactly; then the buckets 4, 8, 16, 32 (5 again: its exact code)
+    assert m.compiles == 5
+    padded = [s for s in m.saved_specializations() if s.pad_plan is not None]
+    assert sorted(s.pad_plan.padding.length for s in padded) == [4, 8, 16, 32]
+    assert {tuple(s.pad_plan.padding.inputs.items()) for s in padded} == {(("x", (1,)),)}
+    assert all(s.pad_plan.padding.outputs == [(1,)] for s in padded)
+
+
+def test_named_dim_buckets_from_the_first_call(encoder_path):
+    m = bridge.compile_onnx(encoder_path, dynamic="seq")
+    _check(m, encoder_path, [6, 1, 4, 8, 13, 32, 33])
+    assert m.compiles == 5  # 4, 8, 16, 32, 64
+
+
+def test_off_compiles_every_length(encoder_path):
+    m = bridge.compile_onnx(encoder_path, dynamic="off")
+    _check(m, encoder_path, [3, 5, 6])
+    assert m.compiles == 3
+
+
+def test_unknown_dim_name_is_an_error(encoder_path):
+    with pytest.raises(bridge.BrazeError, match="names no symbolic input dim.*seq"):
+        bridge.compile_onnx(encoder_path, dynamic="batch")
+
+
+def test_artifact_serves_its_buckets_without_compiling(encoder_path, tmp_path, monkeypatch):
+    m = bridge.compile_onnx(encoder_path, dynamic="seq")
+    _check(m, encoder_path, [3, 7])  # buckets 4 and 8
+    m.save(tmp_path / "m.braze")
+
+    def no_compile(*a, **k):
+        raise AssertionError("a loaded model compiled")
+
+    monkeypatch.setattr("bridge.steps.Steps.compile", no_compile)
+    loaded = bridge.load(tmp_path / "m.braze")
+    assert sorted(s["x"][1] for s in loaded.saved_shapes) == [4, 8]
+    _check(loaded, encoder_path, [1, 2, 3, 4, 5, 6, 7, 8])
+    with pytest.raises(bridge.InputError, match="holds no code"):
+        loaded(np.zeros((1, 9, D), np.float32))
+
+
+def _mean_over_length() -> onnx.ModelProto:
+    """ReduceMean over the symbolic axis: its 1/n depends on the length."""
+    w = numpy_helper.from_array(RNG.standard_normal((D, D)).astype(np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=1)],
+        "mean", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, D])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_refused_model_compiles_exact_shapes_with_a_reason(caplog, tmp_path):
+    path = str(tmp_path / "mean.onnx")
+    onnx.save(_mean_over_length(), path)
+    m = bridge.compile_onnx(path, dynamic="seq")
+    with caplog.at_level(logging.INFO, logger="braze"):
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        for n in (3, 4, 3):
+            x = RNG.standard_normal((1, n, D)).astype(np.float32)
+            assert_close(m(x)[0], sess.run(None, {"x": x})[0])
+    assert m.compiles == 2  # 3 and 4 exactly, 3 again from its cache
+    assert all(s.pad_plan is None for s in m.saved_specializations())
+    # 1/n is a multiply at 4 (a power of two) and a divide at 3: not one graph
+    assert "length seq=3 compiles exactly: padding to 4 refused: the passes made a " \
+        "different graph" in caplog.text
