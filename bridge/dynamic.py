@@ -16,14 +16,11 @@ for the first length, compiled exactly.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from compiler.passes.padding import Padding
-
-log = logging.getLogger("braze")
 
 BUCKET_BASE = 2  # buckets are powers of two: at most log2(max length) + 1 compiles
 # The smallest bucket: lengths 1..4 share it (padding a handful of rows costs nothing
