@@ -49,7 +49,9 @@ import numpy as np
 from compiler import dtypes
 from compiler.ir import Graph, Node, TensorType, Value
 
-VALID = "braze.valid"  # the bool [L] graph input the pass adds: true at positions < n
+# the bool [L] graph input the pass adds, true at positions < n (this name unless the
+# graph has a value of that name: Padding.valid says)
+VALID = "braze.valid"
 
 
 class PaddingRefused(Exception):
@@ -86,8 +88,8 @@ def pad_length(bucket: Graph, probe: Graph, length: int, probe_length: int) -> P
         edit(masks)
     bucket.toposort()
     return Padding(length, {v.name: tuple(sorted(axes[v])) for v in bucket.inputs
-                            if v.name != VALID and axes.get(v)},
-                   [tuple(sorted(axes.get(v, ()))) for v in bucket.outputs])
+                            if v is not masks.valid and axes.get(v)},
+                   [tuple(sorted(axes.get(v, ()))) for v in bucket.outputs], masks.valid.name)
 
 
 # -- which axes carry the length ------------------------------------------------

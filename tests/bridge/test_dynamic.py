@@ -117,3 +117,45 @@ def test_refused_model_compiles_exact_shapes_with_a_reason(caplog, tmp_path):
     # 1/n is a multiply at 4 (a power of two) and a divide at 3: not one graph
     assert "length seq=3 compiles exactly: padding to 4 refused: the passes made a " \
         "different graph" in caplog.text
+
+
+# -- torch.compile: dynamo's dynamic graphs run in buckets (bridge/torch_dynamic.py) ------
+
+def _torch_lengths(module, lengths, caplog, **compile_kw):
+    import torch
+
+    compiled = torch.compile(module, backend="braze", **compile_kw)
+    with caplog.at_level(logging.INFO, logger="braze"), torch.no_grad():
+        for n in lengths:
+            x = torch.randn(1, n, D)
+            got, want = compiled(x), module(x)
+            assert got.shape == want.shape
+            assert_close(got.numpy(), want.numpy())
+    return [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_torch_dynamic_graph_compiles_per_bucket(causal, caplog):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    module = encoder(2, causal, d=D, heads=4, feed_forward=64)
+    lengths = [5, 1, 2, 3, 4, 6, 8, 9, 16, 17]
+    messages = _torch_lengths(module, lengths, caplog)
+    buckets = [m for m in messages if "for lengths up to" in m]
+    # 5 and 1 are dynamo's static graphs; the dynamic graph from 2 on: buckets 4..32
+    assert [m.rsplit(" ", 1)[1] for m in buckets] == ["4", "8", "16", "32"]
+    assert not [m for m in messages if "refused" in m]
+
+
+def test_torch_refused_length_compiles_exactly_with_a_reason(caplog):
+    import torch
+    import torch._dynamo
+
+    class Mean(torch.nn.Module):  # the mean's 1/n changes with the length
+        def forward(self, x):
+            return torch.tanh(x).mean(dim=1)
+
+    torch._dynamo.reset()
+    messages = _torch_lengths(Mean(), [5, 6, 7, 9], caplog)
+    assert any("length 6 compiles exactly: padding to 8 refused" in m for m in messages)
