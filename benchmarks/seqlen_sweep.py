@@ -1,6 +1,6 @@
 """A transformer encoder called with 20 sequence lengths: compiles and error against onnxruntime.
 
-    python -m benchmarks.seqlen_sweep [--lengths 7 1 2 ...] [--layers 2] [--rounds 3]
+    python -m benchmarks.seqlen_sweep [--lengths 7 1 2 ...] [--layers 2] [--timing]
 
 Two encoders (d 256, 8 heads, feed-forward 512, post-norm; one bidirectional, one
 with a causal mask built from the length inside the graph) are exported to ONNX with
@@ -8,7 +8,8 @@ a symbolic sequence axis ("seq"). Each is compiled twice: with the default optio
 (dynamic="auto": the first length compiles exactly, buckets after the second) and with
 dynamic="seq" (buckets from the first call). For each it prints the compiles, the
 largest error over the lengths against onnxruntime, then saves an artifact, loads it
-and checks it serves every length (a loaded model never compiles). torch's
+and checks it serves every length (a loaded model never compiles). Then the same
+module through torch.compile(backend="braze"): compiles and error against eager. torch's
 nn.TransformerEncoder is not used: its TorchScript ONNX export bakes the traced length
 into its reshapes, so the exported model only runs at that length.
 """
@@ -85,15 +86,42 @@ def sweep(path: str, lengths: list, dynamic: str, rounds: int, tmp: str) -> dict
     t0 = time.perf_counter()
     err = max(float(np.abs(m(inputs[n])[0] - refs[n]).max()) for n in lengths)
     compile_s = time.perf_counter() - t0
-    times = {n: _median_ms(lambda n=n: m(inputs[n]), rounds) for n in lengths}
+    times = {n: _median_ms(lambda n=n: m(inputs[n]), rounds) for n in lengths} if rounds else {}
     ort_times = {n: _median_ms(lambda n=n: sess.run(None, {"x": inputs[n]}), rounds)
-                 for n in lengths}
+                 for n in lengths} if rounds else {}
     saved = os.path.join(tmp, f"{os.path.basename(path)}.{dynamic}.braze")
     m.save(saved)
     loaded = load(saved)
     loaded_err = max(float(np.abs(loaded(inputs[n])[0] - refs[n]).max()) for n in lengths)
     return {"compiles": m.compiles, "err": err, "first_pass_s": compile_s, "ms": times,
             "ort_ms": ort_times, "saved": len(loaded.saved_shapes), "loaded_err": loaded_err}
+
+
+def torch_sweep(module, lengths: list) -> dict:
+    """torch.compile(backend="braze") over the lengths: compiles (every GraphRunner's,
+    over dynamo's graphs) and the largest error against eager."""
+    import torch
+    import torch._dynamo
+
+    from bridge import torch_backend
+
+    runners = []
+    init = torch_backend.GraphRunner.__init__
+
+    def counted(self, *a, **k):
+        init(self, *a, **k)
+        runners.append(self)
+
+    torch._dynamo.reset()
+    torch_backend.GraphRunner.__init__ = counted
+    try:
+        compiled = torch.compile(module, backend="braze")
+        with torch.no_grad():
+            xs = {n: torch.randn(1, n, D_MODEL) for n in lengths}
+            err = max(float((compiled(xs[n]) - module(xs[n])).abs().max()) for n in lengths)
+    finally:
+        torch_backend.GraphRunner.__init__ = init
+    return {"compiles": sum(r.compiles for r in runners), "graphs": len(runners), "err": err}
 
 
 def _median_ms(fn, rounds: int) -> float:
@@ -109,22 +137,29 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=LENGTHS)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="timed calls per length")
+    ap.add_argument("--timing", action="store_true",
+                    help="also print ms per call against onnxruntime (median of --rounds)")
     args = ap.parse_args(argv)
+    span = f"{len(args.lengths)} lengths {min(args.lengths)}..{max(args.lengths)}"
     with tempfile.TemporaryDirectory() as tmp:
         for causal in (False, True):
             name = "causal encoder" if causal else "encoder"
+            module = encoder(args.layers, causal)
             path = os.path.join(tmp, f"{name.replace(' ', '_')}.onnx")
-            export(encoder(args.layers, causal), path)
+            export(module, path)
             for dynamic in ("auto", "seq"):
-                r = sweep(path, args.lengths, dynamic, args.rounds, tmp)
-                print(f"{name} dynamic={dynamic!r}: {len(args.lengths)} lengths "
-                      f"{min(args.lengths)}..{max(args.lengths)}, {r['compiles']} compiles "
+                r = sweep(path, args.lengths, dynamic, args.rounds if args.timing else 0, tmp)
+                print(f"ONNX {name} dynamic={dynamic!r}: {span}, {r['compiles']} compiles "
                       f"({r['first_pass_s']:.1f} s first pass), max |err| vs onnxruntime "
                       f"{r['err']:.2e}; artifact: {r['saved']} specializations, loaded max "
                       f"|err| {r['loaded_err']:.2e}")
-                print("  ms per call (braze / onnxruntime): " + ", ".join(
-                    f"{n}: {r['ms'][n]:.2f}/{r['ort_ms'][n]:.2f}" for n in args.lengths))
+                if args.timing:
+                    print("  ms per call (braze / onnxruntime): " + ", ".join(
+                        f"{n}: {r['ms'][n]:.2f}/{r['ort_ms'][n]:.2f}" for n in args.lengths))
+            t = torch_sweep(module, args.lengths)
+            print(f"torch.compile {name}: {span}, {t['compiles']} compiles over "
+                  f"{t['graphs']} dynamo graphs, max |err| vs eager {t['err']:.2e}")
 
 
 if __name__ == "__main__":
