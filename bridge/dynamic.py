@@ -1,17 +1,17 @@
 """A dynamic length without a compile per length: buckets, padding and slicing (ONNX).
 
 An ONNX input dim declared with a name (`dim_param`, e.g. "seq") is symbolic. Once a
-symbol is dynamic (Options.dynamic: "auto", after a second distinct value of it was
-called; or named), a call whose exact shapes are not compiled runs the specialization
-of its bucket: the smallest power of two >= n (BUCKET_BASE). The inputs are zero-padded
+symbol is dynamic (Options.dynamic: "auto", when a third distinct value of it is
+called, EXACT_LENGTHS; or named), a call whose exact shapes are not compiled runs the
+specialization of its bucket: the smallest power of two >= n (BUCKET_BASE). The inputs are zero-padded
 to the bucket along that symbol's axes, a bool `valid` input says which positions are
 real, and the outputs' length axes are sliced back to n. compiler/passes/padding.py
 proves that padding cannot change a valid output (rewriting reductions, contractions
 and attention over the length so that padded positions count as their identity), or
 refuses with a reason: then that length compiles exactly, as without this module.
 
-Lengths 1..512 need at most 8 bucket compiles (4, 8, ..., 512); with "auto", one more
-for the first length, compiled exactly.
+Lengths 1..512 need at most 8 bucket compiles (4, 8, ..., 512); with "auto", two more
+for the first two lengths, compiled exactly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ BUCKET_BASE = 2  # buckets are powers of two: at most log2(max length) + 1 compi
 # The smallest bucket: lengths 1..4 share it (padding a handful of rows costs nothing
 # worth a compile), and its probe (3) stays clear of the passes' size-1 special cases.
 MIN_BUCKET = 4
+# With "auto", the first distinct values of a symbol compile exactly (a model called
+# with two shapes, two fixed lengths or batch sizes, keeps exact code for both, never
+# paying for padding); the next one shows the dim really varies and starts the buckets.
+# Lengths 1..512 then take at most EXACT_LENGTHS + 8 compiles.
+EXACT_LENGTHS = 2
 AUTO, OFF = "auto", "off"  # Options.dynamic's words (any other string names a symbol)
 
 
@@ -66,7 +71,6 @@ class LengthPolicy:
         self.mode = dynamic
         self.symbols = symbolic_dims(model) if dynamic != OFF else {}
         self.seen: dict = {s: set() for s in self.symbols}
-        self.refused: str | None = None  # why padding was refused (then: exact shapes)
         if dynamic not in (AUTO, OFF) and dynamic not in self.symbols:
             from compiler.errors import BrazeError
 
@@ -80,8 +84,6 @@ class LengthPolicy:
         for s, v in values.items():
             if len(v) == 1:
                 self.seen[s] |= v
-        if self.refused is not None:
-            return None
         for s in self._dynamic():
             if len(values[s]) == 1:
                 n = next(iter(values[s]))
@@ -90,7 +92,7 @@ class LengthPolicy:
 
     def _dynamic(self) -> list:
         if self.mode == AUTO:
-            return [s for s, v in self.seen.items() if len(v) >= 2]
+            return [s for s, v in self.seen.items() if len(v) > EXACT_LENGTHS]
         return [self.mode] if self.mode in self.symbols else []
 
     def with_length(self, shapes: dict, symbol: str, length: int) -> dict:

@@ -24,7 +24,7 @@ What each op needs, given its operands' length axes (RULES):
   before it), so element i of the axis stays element i.
 - slice, pad, concat, gather: none on a length axis (they move positions); gather's
   indices may carry the length only when they are a graph input (zero padded, so an
-  index in range).
+  index in range) or a constant (positions 0..L-1 of a table).
 - reductions over a length axis: padded elements become the reduction's identity
   (0 for a sum, -inf for a max, ...) with `select(valid, x, identity)`; argmax/argmin
   likewise (not select_last, which would pick a padded tie).
@@ -245,7 +245,8 @@ def _gather(node, ins, axes, graph) -> None:
     data, idx = node.inputs
     if node.attrs["axis"] in ins[0]:
         raise PaddingRefused(f"{node.describe()} gathers along the length")
-    if ins[1] and (idx.producer is not None or data.shape[node.attrs["axis"]] == 0):
+    computed = idx.producer is not None and idx.producer.op != "const"
+    if ins[1] and (computed or data.shape[node.attrs["axis"]] == 0):
         raise PaddingRefused(f"{node.describe()} takes indices computed at padded positions "
                              "(they could be out of range)")
 

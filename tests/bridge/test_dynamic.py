@@ -51,12 +51,19 @@ def test_lengths_share_buckets_and_match_onnxruntime(encoder_path):
     m = bridge.compile_onnx(encoder_path)  # dynamic="auto"
     lengths = [5, 1, 2, 3, 4, 7, 8, 9, 16, 17, 5]
     _check(m, encoder_path, lengths)
-    # the first length exactly; then the buckets 4, 8, 16, 32 (5 again: its exact code)
-    assert m.compiles == 5
+    # the first two lengths exactly; then the buckets 4, 8, 16, 32 (5 again: exact code)
+    assert m.compiles == 6
     padded = [s for s in m.saved_specializations() if s.pad_plan is not None]
     assert sorted(s.pad_plan.padding.length for s in padded) == [4, 8, 16, 32]
     assert {tuple(s.pad_plan.padding.inputs.items()) for s in padded} == {(("x", (1,)),)}
     assert all(s.pad_plan.padding.outputs == [(1,)] for s in padded)
+
+
+def test_two_lengths_keep_exact_code(encoder_path):
+    m = bridge.compile_onnx(encoder_path)
+    _check(m, encoder_path, [5, 9, 5, 9])
+    assert m.compiles == 2
+    assert all(s.pad_plan is None for s in m.saved_specializations())
 
 
 def test_named_dim_buckets_from_the_first_call(encoder_path):

@@ -52,6 +52,18 @@ def _gram(n: int) -> Graph:
     return g
 
 
+TABLE = RNG.standard_normal((16, 6)).astype(np.float32)
+
+
+def _positions(n: int) -> Graph:
+    """x + table[0..n-1]: positional embeddings gathered by a constant range."""
+    g = Graph("positions")
+    x = g.add_input("x", TensorType("f32", (1, n, 6)))
+    idx = g.const(np.arange(n, dtype=np.int64).reshape(1, n), name="positions")
+    g.outputs = [g.op("add", x, g.op("gather", g.const(TABLE, name="table"), idx, axis=0))]
+    return g
+
+
 def _padded(build, bucket: int = BUCKET):
     g = build(bucket)
     padding = pad_length(g, build(bucket - 1), bucket, bucket - 1)
@@ -173,6 +185,7 @@ def test_nothing_carrying_the_length_is_refused():
     (_attention, lambda n: (1, n, 6), 1),
     (lambda n: _attention(n, causal_const=True), lambda n: (1, n, 6), 1),
     (_gram, lambda n: (n, 6), 0),
+    (_positions, lambda n: (1, n, 6), 1),
     (_on_length(lambda g, x, n: g.op("reduce_max", x, axes=[1])), lambda n: (1, n, 6), 1),
     (_on_length(lambda g, x, n: g.op("argmin", x, axis=1)), lambda n: (1, n, 6), 1),
     (_on_length(lambda g, x, n: g.op("reduce_prod", g.op("sigmoid", x), axes=[1])),
