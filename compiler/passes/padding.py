@@ -22,9 +22,11 @@ What each op needs, given its operands' length axes (RULES):
 - elementwise, const, transpose, broadcast: position-wise, nothing.
 - reshape: each length axis must survive whole (same size, same product of the dims
   before it), so element i of the axis stays element i.
-- slice, pad, concat, gather: none on a length axis (they move positions); gather's
-  indices may carry the length only when they are a graph input (zero padded, so an
-  index in range) or a constant (positions 0..L-1 of a table).
+- slice, pad, concat, gather: none on a length axis (they move positions), but for
+  reading position 0 alone (a slice [0:1]: a [CLS] token) and a gather whose constant
+  indices never exceed their own position along the length (0, or an arange), valid
+  at every length; gather's indices may carry the length only when they are a graph
+  input (zero padded, so an index in range) or a constant (positions 0..L-1 of a table).
 - reductions over a length axis: padded elements become the reduction's identity
   (0 for a sum, -inf for a max, ...) with `select(valid, x, identity)`; argmax/argmin
   likewise (not select_last, which would pick a padded tie).
@@ -226,7 +228,8 @@ def _same_place(src: tuple, out: tuple, p: int) -> int | None:
 def _slice(node, ins, axes, graph) -> None:
     a = node.attrs
     for k in ins[0]:
-        if (a["starts"][k], a["steps"][k], a["sizes"][k]) != (0, 1, node.inputs[0].shape[k]):
+        whole = (a["starts"][k], a["steps"][k], a["sizes"][k]) == (0, 1, node.inputs[0].shape[k])
+        if not whole and (a["starts"][k], a["sizes"][k]) != (0, 1):
             raise PaddingRefused(f"{node.describe()} slices length axis {k}")
 
 
@@ -243,12 +246,28 @@ def _concat(node, ins, axes, graph) -> None:
 
 def _gather(node, ins, axes, graph) -> None:
     data, idx = node.inputs
-    if node.attrs["axis"] in ins[0]:
-        raise PaddingRefused(f"{node.describe()} gathers along the length")
+    if node.attrs["axis"] in ins[0] and not _reads_valid(idx, ins[1]):
+        raise PaddingRefused(f"{node.describe()} gathers along the length at positions "
+                             "that may be padded")
     computed = idx.producer is not None and idx.producer.op != "const"
     if ins[1] and (computed or data.shape[node.attrs["axis"]] == 0):
         raise PaddingRefused(f"{node.describe()} takes indices computed at padded positions "
                              "(they could be out of range)")
+
+
+def _reads_valid(idx: Value, lengths: Axes) -> bool:
+    """Constant indices that never pass the valid part: each is at most its own position
+    along one of the indices' length axes (an arange: position i reads i), or 0 (valid
+    at every length, n >= 1)."""
+    if idx.producer is None or idx.producer.op != "const":
+        return False
+    v = idx.producer.attrs["value"]
+    bound = np.zeros(v.shape, np.int64)
+    for a in lengths:
+        shape = [1] * v.ndim
+        shape[a] = v.shape[a]
+        bound = np.maximum(bound, np.arange(v.shape[a]).reshape(shape))
+    return bool(np.all((v >= 0) & (v <= bound)))
 
 
 def _reduce(node, ins, axes, graph) -> Edit | None:

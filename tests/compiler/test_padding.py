@@ -149,6 +149,10 @@ def _on_length(make):
     (lambda g, x, n: g.op("concat", x, x, axis=1), "not the length itself"),
     (lambda g, x, n: g.op("pad", x, pads=[0, 1, 0, 0, 0, 0]), "not the length itself"),
     (lambda g, x, n: g.op("argmax", x, axis=1, select_last=True), "ties"),
+    # the second position is padded when n = 1
+    (lambda g, x, n: g.op("gather", x, g.const(np.int64(1)), axis=1), "may be padded"),
+    (lambda g, x, n: g.op("slice", x, starts=[0, 1, 0], steps=[1, 1, 1], sizes=[1, 1, 6]),
+     "slices length axis"),
     # a constant with a length axis whose values move with the length (linspace)
     (lambda g, x, n: g.op("add", x, g.const(
         np.linspace(0, 1, n, dtype=np.float32).reshape(1, n, 1))),
@@ -186,6 +190,14 @@ def test_nothing_carrying_the_length_is_refused():
     (lambda n: _attention(n, causal_const=True), lambda n: (1, n, 6), 1),
     (_gram, lambda n: (n, 6), 0),
     (_positions, lambda n: (1, n, 6), 1),
+    # the first position alone ([CLS] pooling), by slice and by gather at 0
+    (_on_length(lambda g, x, n: g.op("tanh", g.op(
+        "slice", x, starts=[0, 0, 0], steps=[1, 1, 1], sizes=[1, 1, 6]))), lambda n: (1, n, 6), 1),
+    (_on_length(lambda g, x, n: g.op("gather", x, g.const(np.int64(0)), axis=1)),
+     lambda n: (1, n, 6), 1),
+    # gather along the length by an arange (position i reads i: HF's mask expansion)
+    (_on_length(lambda g, x, n: g.op("gather", x, g.const(np.arange(n).reshape(1, n)),
+                                     axis=1)), lambda n: (1, n, 6), 1),
     (_on_length(lambda g, x, n: g.op("reduce_max", x, axes=[1])), lambda n: (1, n, 6), 1),
     (_on_length(lambda g, x, n: g.op("argmin", x, axis=1)), lambda n: (1, n, 6), 1),
     (_on_length(lambda g, x, n: g.op("reduce_prod", g.op("sigmoid", x), axes=[1])),
