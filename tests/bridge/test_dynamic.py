@@ -166,3 +166,46 @@ def test_torch_refused_length_compiles_exactly_with_a_reason(caplog):
     torch._dynamo.reset()
     messages = _torch_lengths(Mean(), [5, 6, 7, 9], caplog)
     assert any("length 6 compiles exactly: padding to 8 refused" in m for m in messages)
+
+
+def test_hf_bert_with_attention_mask_and_pooler(tmp_path):
+    """A tiny random BERT (transformers): token ids gathered from an embedding, a user
+    attention mask expanded by an index gather, a [CLS] pooler without a length axis."""
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    import torch
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=D, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64)
+    bert = transformers.BertModel(cfg).eval()
+
+    class Outputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask):
+            out = self.bert(input_ids=ids, attention_mask=mask)
+            return out.last_hidden_state, out.pooler_output
+
+    path = str(tmp_path / "bert.onnx")
+    axes = {0: "batch", 1: "seq"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Outputs().eval(), (torch.ones(1, 7, dtype=torch.int64),) * 2, path,
+                          input_names=["ids", "mask"], output_names=["last", "pooled"],
+                          dynamic_axes={"ids": axes, "mask": axes, "last": axes,
+                                        "pooled": {0: "batch"}},
+                          opset_version=17, dynamo=False)
+    m = bridge.compile_onnx(path, dynamic="seq")
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for n in (7, 1, 4, 12):
+        ids = RNG.integers(0, 100, (1, n)).astype(np.int64)
+        mask = np.ones((1, n), np.int64)
+        mask[0, n // 2 + 1:] = RNG.integers(0, 2, n - n // 2 - 1)
+        for got, want in zip(m(ids, mask), sess.run(None, {"ids": ids, "mask": mask})):
+            assert_close(got, want)
+    assert m.compiles == 3  # buckets 4, 8, 16
+    assert all(s.pad_plan is not None for s in m.saved_specializations())
