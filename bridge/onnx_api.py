@@ -14,7 +14,14 @@ import logging
 
 import numpy as np
 
-from bridge.dynamic import LengthPolicy, PadPlan, bucket_of, probe_length
+from bridge.dynamic import (
+    BUCKET_BASE,
+    LengthPolicy,
+    PadPlan,
+    bucket_of,
+    probe_length,
+    symbolic_dims,
+)
 from bridge.inputs import bind_inputs, check_input, input_spec
 from bridge.options import Options
 from bridge.specializations import MISSING, SpecializationCache
@@ -226,6 +233,33 @@ class CompiledOnnxModel:
                 self._compile_shapes(self._shapes_to_save(input_shapes or {}))
             specs = self.saved_specializations()
         save_model(self, specs, path)
+
+    def compile_lengths(self, symbol: str, input_shapes: dict) -> list[int]:
+        """Compile every bucket of the symbolic dim `symbol` (bridge/dynamic.py) up to its
+        size in `input_shapes`, so that save() writes an artifact serving every length
+        from 1 to that size; the bucket lengths. BrazeError when padding is refused."""
+        if symbol not in self._lengths.symbols:
+            raise BrazeError(f"{symbol!r} is no symbolic input dim of the model "
+                             f"(dynamic={self.options.dynamic!r}); its symbolic dims: "
+                             f"{sorted(symbolic_dims(self._model)) or 'none'}")
+        with self._specs.lock:
+            shapes = self._shapes_to_save(input_shapes)
+        top = max(shapes[n][a] for n, a in self._lengths.symbols[symbol] if n in shapes)
+        lengths = [bucket_of(1)]
+        while lengths[-1] < top:
+            lengths.append(lengths[-1] * BUCKET_BASE)
+        for length in lengths:
+            bucket = self._lengths.with_length(shapes, symbol, length)
+            key = (("@padded", symbol),) + tuple(sorted(bucket.items()))
+            with self._specs.lock:
+                try:
+                    spec = self._specs.get_or_build(
+                        key, lambda: self._build_bucket(bucket, symbol, length))
+                except PaddingRefused as e:
+                    raise BrazeError(f"cannot serve {symbol} from buckets: padding to "
+                                     f"{length} refused: {e}") from None
+                spec.plan.check()
+        return lengths
 
     def export_c(self, outdir, name: str | None = None, input_shapes: dict | None = None,
                  threads: int = 1) -> dict:

@@ -55,7 +55,10 @@ class LengthSymbol:
         if len(found) != 1:
             return None
         n = next(iter(found))
-        if any(args[i] != self.value(i, n) for i in self.ints):
+        try:
+            if any(args[i] != self.value(i, n) for i in self.ints):
+                return None
+        except (TypeError, ValueError):  # an int argument sympy cannot evaluate to a number
             return None
         return n
 

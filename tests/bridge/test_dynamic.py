@@ -209,3 +209,17 @@ def test_hf_bert_with_attention_mask_and_pooler(tmp_path):
             assert_close(got, want)
     assert m.compiles == 3  # buckets 4, 8, 16
     assert all(s.pad_plan is not None for s in m.saved_specializations())
+
+
+def test_cli_compiles_every_bucket_into_one_artifact(encoder_path, tmp_path, capsys):
+    from bridge.cli import main
+
+    out = tmp_path / "m.braze"
+    assert main(["compile", encoder_path, "-o", str(out), "--shape", f"x=1,20,{D}",
+                 "--dynamic", "seq"]) == 0
+    assert "seq: buckets 4, 8, 16, 32" in capsys.readouterr().out
+    loaded = bridge.load(out)
+    assert sorted(s["x"][1] for s in loaded.saved_shapes) == [4, 8, 16, 32]
+    _check(loaded, encoder_path, [1, 4, 5, 20, 32])
+    with pytest.raises(bridge.BrazeError, match="no symbolic input dim"):
+        bridge.compile_onnx(encoder_path).compile_lengths("batch", {"x": (1, 8, D)})
