@@ -158,21 +158,28 @@ class CompiledOnnxModel:
             if found is None or self._specs.get(tuple(sorted(shapes.items()))) is not MISSING:
                 return None
             symbol, n = found
-            length = bucket_of(n)
-            bucket = self._lengths.with_length(shapes, symbol, length)
-            key = (("@padded", symbol),) + tuple(sorted(bucket.items()))
-            if key in self._refused:
-                return None
             try:
-                spec = self._specs.get_or_build(key, lambda: self._build_bucket(bucket, symbol,
-                                                                         length))
-            except PaddingRefused as e:
-                self._refused[key] = str(e)
-                log.info("length %s=%d compiles exactly: padding to %d refused: %s",
-                         symbol, n, length, e)
+                return self._bucket_spec(shapes, symbol, bucket_of(n)), n
+            except PaddingRefused:
                 return None
-            spec.plan.check()
-            return spec, n
+
+    def _bucket_spec(self, shapes: dict, symbol: str, length: int) -> _Specialization:
+        """The bucket `length` of `symbol` for shapes like these, built if missing (the
+        caller holds the lock); PaddingRefused (logged once) when padding is not proven."""
+        bucket = self._lengths.with_length(shapes, symbol, length)
+        key = (("@padded", symbol),) + tuple(sorted(bucket.items()))
+        if key in self._refused:
+            raise PaddingRefused(self._refused[key])
+        try:
+            spec = self._specs.get_or_build(key, lambda: self._build_bucket(bucket, symbol,
+                                                                             length))
+        except PaddingRefused as e:
+            self._refused[key] = str(e)
+            log.info("%s: lengths in the bucket of %d compile exactly (padding refused: %s)",
+                     symbol, length, e)
+            raise
+        spec.plan.check()
+        return spec
 
     def _build_bucket(self, shapes: dict, symbol: str, length: int) -> _Specialization:
         """The bucket of `length` (the shapes are at it), probed at length - 1."""
@@ -249,16 +256,12 @@ class CompiledOnnxModel:
         while lengths[-1] < top:
             lengths.append(lengths[-1] * BUCKET_BASE)
         for length in lengths:
-            bucket = self._lengths.with_length(shapes, symbol, length)
-            key = (("@padded", symbol),) + tuple(sorted(bucket.items()))
             with self._specs.lock:
                 try:
-                    spec = self._specs.get_or_build(
-                        key, lambda: self._build_bucket(bucket, symbol, length))
+                    self._bucket_spec(shapes, symbol, length)
                 except PaddingRefused as e:
                     raise BrazeError(f"cannot serve {symbol} from buckets: padding to "
                                      f"{length} refused: {e}") from None
-                spec.plan.check()
         return lengths
 
     def export_c(self, outdir, name: str | None = None, input_shapes: dict | None = None,
