@@ -16,7 +16,10 @@ any other difference refuses: a different structure (a pass decided by size), a 
 that is a multiple of the length (merged into another axis), an attribute that moves
 with the length other than as a size (a slice at L - 1), a constant whose values
 change with it (a mean's 1/L). A constant with length axes (a causal mask built from
-the length) must agree with the probe's on their common positions.
+the length) must agree with the probe's on their common positions. That is checked at
+two lengths, not proven for every n: a constant built from the length that agrees at
+L and L - 1 but not at some shorter n would pass (the ones exported models build from
+a length are functions of the position: masks, ranges, position tables).
 
 What each op needs, given its operands' length axes (RULES):
 - elementwise, const, transpose, broadcast: position-wise, nothing.
