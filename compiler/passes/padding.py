@@ -88,6 +88,10 @@ def pad_length(bucket: Graph, probe: Graph, length: int, probe_length: int) -> P
         edit = _rule(node, axes, bucket)
         if edit is not None:
             edits.append(edit)
+    # attributes and constants after the rules, whose reason is the clearer one where
+    # both refuse (a host node reading the length also has a payload naming its shapes)
+    for nb, nx in zip(bucket.nodes, probe.nodes):
+        _same_attrs(nb, nx, length, probe_length, axes)
     masks = _Masks(bucket, length)
     for edit in edits:
         edit(masks)
@@ -101,11 +105,10 @@ def pad_length(bucket: Graph, probe: Graph, length: int, probe_length: int) -> P
 
 def length_axes(bucket: Graph, probe: Graph, length: int, probe_length: int) -> dict:
     """Value of `bucket` -> the axes carrying the length (PaddingRefused unless `probe`
-    is the same graph up to the length)."""
+    has the same nodes, with the same shapes up to the length; pad_length then compares
+    their attributes and constants)."""
     pairs = _correspond(bucket, probe)
     axes = {vb: _axes_of(vb, vx, length, probe_length) for vb, vx in pairs.items()}
-    for nb, nx in zip(bucket.nodes, probe.nodes):
-        _same_attrs(nb, nx, length, probe_length, axes)
     if not any(axes[v] for v in bucket.inputs):
         raise PaddingRefused("no input carries the length")
     return axes
@@ -155,7 +158,13 @@ def _same_attrs(nb: Node, nx: Node, length: int, probe_length: int, axes: dict) 
         if _equal(a, b) or _differs_by_length(a, b, length, probe_length):
             continue
         raise PaddingRefused(f"attribute {key} of {nb.describe()} depends on the length "
-                             f"({a} at {length}, {b} at {probe_length})")
+                             f"({_short(a)} at {length}, {_short(b)} at {probe_length})")
+
+
+def _short(value, limit: int = 60) -> str:
+    """An attribute for a message (a host node's payload is a whole serialized node)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _equal(a, b) -> bool:

@@ -223,3 +223,31 @@ def test_cli_compiles_every_bucket_into_one_artifact(encoder_path, tmp_path, cap
     _check(loaded, encoder_path, [1, 4, 5, 20, 32])
     with pytest.raises(bridge.BrazeError, match="no symbolic input dim"):
         bridge.compile_onnx(encoder_path).compile_lengths("batch", {"x": (1, 8, D)})
+
+
+def test_recurrence_is_refused_and_compiles_exact_lengths(tmp_path, caplog):
+    """An LSTM over the length runs on onnxruntime as one node: padding it would run the
+    recurrence over padded steps, so every length compiles exactly."""
+    import warnings
+
+    import torch
+
+    class Lstm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(D, D, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    path = str(tmp_path / "lstm.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Lstm().eval(), (torch.randn(1, 7, D),), path, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {1: "seq"}, "y": {1: "seq"}},
+                          opset_version=17, dynamo=False)
+    m = bridge.compile_onnx(path, dynamic="seq")
+    with caplog.at_level(logging.INFO, logger="braze"):
+        _check(m, path, [7, 3, 12])
+    assert m.compiles == 3 and all(s.pad_plan is None for s in m.saved_specializations())
+    assert "runs on the host with length axes" in caplog.text

@@ -141,9 +141,12 @@ def _on_length(make):
     # a mean over the length: its 1/n is a constant of the length
     (lambda g, x, n: g.op("mul", g.op("reduce_sum", x, axes=[1]), g.const(np.float32(1 / n))),
      "changes with the length"),
-    # the last position: its start moves with the length
+    # the last position
     (lambda g, x, n: g.op("slice", x, starts=[0, n - 1, 0], steps=[1, 1, 1], sizes=[1, 1, 6]),
-     "depends on the length"),
+     "slices length axis"),
+    # a start that moves with the length on another axis
+    (lambda g, x, n: g.op("slice", g.op("reshape", x, shape=[1, n, 2, 3]), starts=[0, 0, 0, n % 2],
+                          steps=[1, 1, 1, 1], sizes=[1, n, 2, 2]), "depends on the length"),
     # the length merged into another axis
     (lambda g, x, n: g.op("reshape", x, shape=[n * 6]), "not the length itself"),
     (lambda g, x, n: g.op("concat", x, x, axis=1), "not the length itself"),
