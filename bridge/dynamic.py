@@ -3,9 +3,10 @@
 An ONNX input dim declared with a name (`dim_param`, e.g. "seq") is symbolic. Once a
 symbol is dynamic (Options.dynamic: "auto", when a third distinct value of it is
 called, EXACT_LENGTHS; or named), a call whose exact shapes are not compiled runs the
-specialization of its bucket: the smallest power of two >= n (BUCKET_BASE). The inputs are zero-padded
-to the bucket along that symbol's axes, a bool `valid` input says which positions are
-real, and the outputs' length axes are sliced back to n. compiler/passes/padding.py
+specialization of its bucket: the smallest power of two >= n (BUCKET_BASE), at least
+MIN_BUCKET. The inputs are zero-padded to the bucket along that symbol's axes, a bool
+`valid` input says which positions are real, and the outputs' length axes are sliced
+back to n. compiler/passes/padding.py
 proves that padding cannot change a valid output (rewriting reductions, contractions
 and attention over the length so that padded positions count as their identity), or
 refuses with a reason: then that length compiles exactly, as without this module.
