@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bridge.dynamic import PadPlan
 from bridge.inputs import InputSpec, bind_inputs
 from bridge.options import Options, check_threads
 from bridge.steps import onnx_steps
@@ -64,7 +65,8 @@ def _spec_data(w: ArtifactWriter, prefix: str, spec) -> dict:
                 "object_code": w.add(f"{prefix}/step{i}.o", part.compiled.object_code),
                 "memory": _memory_plan(part.compiled)}
 
-    return {"shapes": {n: list(s) for n, s in spec.shapes.items()},
+    padding = {} if spec.pad_plan is None else {"padding": spec.pad_plan.to_json()}
+    return {**padding, "shapes": {n: list(s) for n, s in spec.shapes.items()},
             "values": {n: w.add_tensor(v) for n, v in spec.values.items()},
             "inputs": list(spec.input_names), "opset": spec.opset,
             "graph": _put_graph(w, f"{prefix}/graph.ir", spec.graph),
@@ -154,25 +156,41 @@ class LoadedModel:
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
         arrays = bind_inputs(self.input_specs, args, kwargs)
-        spec = self._find(dict(zip(self.input_names, arrays)))
         by_name = dict(zip(self.input_names, arrays))
+        spec, n = self._find(by_name)
+        if n is not None:
+            return spec.pad_plan.run(spec.executable, spec.input_names, by_name, n)
         return spec.executable.run([by_name[n] for n in spec.input_names])
 
-    def _find(self, given: dict) -> _LoadedSpecialization:
+    def _find(self, given: dict) -> tuple:
+        """(the specialization serving these inputs, n when it is a padded bucket)."""
         shapes = {n: tuple(a.shape) for n, a in given.items() if isinstance(a, np.ndarray)}
-        same = [s for s in self._specs if s.shapes == shapes]
+        same = [s for s in self._specs if s.shapes == shapes and s.pad_plan is None]
         if not same:
+            padded = self._bucket(shapes)
+            if padded is not None:
+                return padded
             saved = "; ".join(_shapes_text(s.shapes) for s in self._specs)
             raise InputError(f"{self.path} holds no code for input shapes "
                              f"{_shapes_text(shapes)}; it was saved for: {saved} "
                              "(compile and save those shapes too)")
         for s in same:
             if all(_same_array(given[n], v) for n, v in s.values.items()):
-                return s
+                return s, None
         names = sorted({n for s in same for n in s.values})
         raise InputError(f"{self.path} was compiled for particular values of input(s) "
                          f"{', '.join(names)} at these shapes, not for the values given "
                          "(call the compiled model with them and save again)")
+
+    def _bucket(self, shapes: dict) -> tuple | None:
+        """(the smallest saved bucket serving these shapes, n), or None."""
+        fits = [(s.pad_plan.padding.length, i, s, n) for i, s in enumerate(self._specs)
+                if s.pad_plan is not None
+                and (n := s.pad_plan.serves(shapes, s.shapes)) is not None]
+        if not fits:
+            return None
+        _, _, spec, n = min(fits)
+        return spec, n
 
 
 def _options(reader: ArtifactReader, saved: dict, threads: int | None) -> Options:
@@ -190,6 +208,8 @@ class _LoadedSpecialization:
         self.shapes = {str(n): tuple(int(x) for x in s) for n, s in d["shapes"].items()}
         self.values = {str(n): reader.tensor(t) for n, t in d["values"].items()}
         self.input_names = [str(n) for n in d["inputs"]]
+        # a bucket serving shorter lengths by padding (bridge/dynamic.py), else None
+        self.pad_plan = PadPlan.from_json(d["padding"]) if "padding" in d else None
         self.graph_entry = d["graph"]  # the whole graph's IR text, for inspection only
         kinds = [st["kind"] for st in d["executable"]["steps"]]
         self.host_steps = kinds.count("host")

@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--triple", default=None,
                    help="LLVM target triple (default: this machine's, or the one that knows "
                    "--cpu, e.g. aarch64-unknown-linux-gnu for neoverse-n1)")
+    p.add_argument("--dynamic", default=None, metavar="DIM",
+                   help="compile every power-of-two bucket of the symbolic input dim DIM "
+                   "(e.g. seq) up to its --shape size: the artifact serves every length "
+                   "from 1 to that size, inputs padded")
     _add_shapes(p)
     _add_common(p)
 

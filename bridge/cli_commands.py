@@ -193,6 +193,8 @@ def cmd_compile(args) -> int:
     from importers.onnx import load_model
 
     emit = args.emit or ("ptx" if args.target == "cuda" else "artifact")
+    if args.dynamic and emit != "artifact":
+        raise BrazeError("--dynamic is for .braze artifacts (--emit artifact)")
     if emit == "c" and args.target == "cpu":
         return _compile_c(args)
     if args.name is not None:
@@ -216,12 +218,19 @@ def cmd_compile(args) -> int:
     target = spec_of(args.cpu, args.triple)
     compiled = bridge.compile_onnx(model, target=target, allow_fallback=not args.no_fallback,
                                    threads=args.threads)
-    compiled.save(out, input_shapes=shapes)
+    if args.dynamic:
+        buckets = compiled.compile_lengths(args.dynamic, shapes)
+        compiled.save(out)
+    else:
+        compiled.save(out, input_shapes=shapes)
     clusters = [c for s in compiled.saved_specializations() for c in s.clusters]
     host = sum(not c.compiled for c in clusters)
     print(f"{src} -> {out} ({out.stat().st_size / 1e6:.2f} MB, "
           f"{time.perf_counter() - t0:.1f} s)")
     print(f"input shapes: {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}")
+    if args.dynamic:
+        print(f"{args.dynamic}: buckets {', '.join(map(str, buckets))} (every length from 1 "
+              f"to {buckets[-1]}, padded)")
     print(f"clusters: {len(clusters) - host} compiled by braze, {host} on onnxruntime")
     print(f"target: {parse_target(target).describe()}")
     return 0

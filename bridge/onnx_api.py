@@ -14,14 +14,23 @@ import logging
 
 import numpy as np
 
+from bridge.dynamic import (
+    BUCKET_BASE,
+    LengthPolicy,
+    PadPlan,
+    bucket_of,
+    probe_length,
+    symbolic_dims,
+)
 from bridge.inputs import bind_inputs, check_input, input_spec
 from bridge.options import Options
-from bridge.specializations import SpecializationCache
+from bridge.specializations import MISSING, SpecializationCache
 from bridge.onnx_fold import fold_constant_host_nodes
 from bridge.steps import Part, compile_cache, onnx_steps
 from compiler import driver
 from compiler.errors import BrazeError, InputError
 from compiler.passes.cluster import Cluster, outline
+from compiler.passes.padding import PaddingRefused, pad_length
 from compiler.target import kind as target_kind
 
 log = logging.getLogger("braze")
@@ -31,24 +40,27 @@ class _Specialization:
     """One input signature (shapes, plus the values of inputs specialized on): its graph,
     plan and executable."""
 
-    def __init__(self, model, shapes: dict, values: dict, opts: Options):
+    def __init__(self, model, shapes: dict, values: dict, opts: Options,
+                 probe: dict | None = None):
         from compiler import gc_paused
 
         with gc_paused():
-            self._build(model, shapes, values, opts)
+            self._build(model, shapes, values, opts, probe)
 
-    def _build(self, model, shapes: dict, values: dict, opts: Options):
-        from importers.onnx import import_onnx
+    def _build(self, model, shapes: dict, values: dict, opts: Options, probe: dict | None):
         from runtime.executable import build_executable
 
-        imported = import_onnx(model, input_shapes=shapes, input_values=values)
+        imported = _imported(model, shapes, values)
         self.shapes, self.values = shapes, values
         self.graph = imported.graph
         self.opset = imported.opset
         self.input_names = imported.input_names  # the model inputs the executable takes
         self.value_inputs = [n for n in imported.value_inputs if n not in values]
-        fold_constant_host_nodes(self.graph, self.opset)
-        self.plan = driver.plan(self.graph, opts.target, opts.allow_fallback)
+        self.pad_plan: PadPlan | None = None  # set for a bucket (bridge/dynamic.py)
+        if probe is None:
+            self.plan = driver.plan(self.graph, opts.target, opts.allow_fallback)
+        else:
+            self.plan = self._padded_plan(model, probe, opts)
         self.clusters = self.plan.clusters
         self.parts: list[Part] = []  # per cluster, in step order: what save() writes
         self.executable = None
@@ -58,6 +70,38 @@ class _Specialization:
         self.parts = onnx_steps(opts, self.opset).parts(self.plan)
         self.executable = build_executable(self.graph, self.clusters,
                                            [p.step for p in self.parts])
+
+    def _padded_plan(self, model, probe: dict, opts: Options) -> driver.Plan:
+        """The plan of a bucket: the graph at the bucket's length rewritten to serve every
+        shorter one (compiler/passes/padding.py; `probe`: the shapes at another length).
+        PaddingRefused when that is not proven."""
+        if self.value_inputs:
+            raise PaddingRefused(f"needs the values of input(s) {', '.join(self.value_inputs)}")
+        other = _imported(model, probe, {})
+        driver.optimize(self.graph, opts.target)
+        driver.optimize(other.graph, opts.target)
+        length, probe_length = _lengths(self.shapes, probe)
+        padding = pad_length(self.graph, other.graph, length, probe_length)
+        self.input_names = [v.name for v in self.graph.inputs]
+        self.pad_plan = PadPlan(padding)
+        return driver.cut(self.graph, opts.target, opts.allow_fallback)
+
+
+def _imported(model, shapes: dict, values: dict):
+    """The model imported at these shapes, its constant host nodes computed."""
+    from importers.onnx import import_onnx
+
+    imported = import_onnx(model, input_shapes=shapes, input_values=values)
+    fold_constant_host_nodes(imported.graph, imported.opset)
+    return imported
+
+
+def _lengths(shapes: dict, probe: dict) -> tuple[int, int]:
+    """The (bucket, probe) lengths: the one dim where the two sets of shapes differ."""
+    pairs = {(a, b) for n in shapes for a, b in zip(shapes[n], probe[n]) if a != b}
+    if len(pairs) != 1:
+        raise PaddingRefused(f"cannot tell the length from shapes {shapes} and {probe}")
+    return next(iter(pairs))
 
 
 class CompiledOnnxModel:
@@ -82,6 +126,9 @@ class CompiledOnnxModel:
         self.output_names = [o.name for o in self._model.graph.output]
         self._specs = SpecializationCache()
         self._fast: tuple | None = None  # (input shapes, specialization) of the latest call
+        self._lengths = LengthPolicy(self._model, self.options.dynamic)
+        self._refused: dict = {}  # bucket key -> why padding was refused (exact shapes then)
+        self.compiles = 0  # specializations built (exact and buckets)
 
     # -- calling ------------------------------------------------------------
 
@@ -93,9 +140,55 @@ class CompiledOnnxModel:
         fast = self._fast
         if fast is not None and fast[0] == tuple(getattr(a, "shape", None) for a in arrays):
             return fast[1].executable.run(arrays)
-        spec = self._specialize(arrays)
         by_name = dict(zip(self.input_names, arrays))
+        found = self._bucket(arrays)
+        if found is not None:
+            spec, n = found
+            return spec.pad_plan.run(spec.executable, spec.input_names, by_name, n)
+        spec = self._specialize(arrays)
         return spec.executable.run([by_name[n] for n in spec.input_names])
+
+    def _bucket(self, arrays: list) -> tuple | None:
+        """(the bucket's specialization, n) when this call runs padded (bridge/dynamic.py):
+        its length is dynamic, its exact shapes are not compiled and padding is proven."""
+        shapes = {n: tuple(a.shape) for n, a in zip(self.input_names, arrays)
+                  if isinstance(a, np.ndarray)}
+        with self._specs.lock:
+            found = self._lengths.length(shapes)
+            if found is None or self._specs.get(tuple(sorted(shapes.items()))) is not MISSING:
+                return None
+            symbol, n = found
+            try:
+                return self._bucket_spec(shapes, symbol, bucket_of(n)), n
+            except PaddingRefused:
+                return None
+
+    def _bucket_spec(self, shapes: dict, symbol: str, length: int) -> _Specialization:
+        """The bucket `length` of `symbol` for shapes like these, built if missing (the
+        caller holds the lock); PaddingRefused (logged once) when padding is not proven."""
+        bucket = self._lengths.with_length(shapes, symbol, length)
+        key = (("@padded", symbol),) + tuple(sorted(bucket.items()))
+        if key in self._refused:
+            raise PaddingRefused(self._refused[key])
+        try:
+            spec = self._specs.get_or_build(key, lambda: self._build_bucket(bucket, symbol,
+                                                                             length))
+        except PaddingRefused as e:
+            self._refused[key] = str(e)
+            log.info("%s: lengths in the bucket of %d compile exactly (padding refused: %s)",
+                     symbol, length, e)
+            raise
+        spec.plan.check()
+        return spec
+
+    def _build_bucket(self, shapes: dict, symbol: str, length: int) -> _Specialization:
+        """The bucket of `length` (the shapes are at it), probed at length - 1."""
+        probe = self._lengths.with_length(shapes, symbol, probe_length(length))
+        log.info("compiling %s for %s up to %d, input shapes %s",
+                 self._model.graph.name or "model", symbol, length, shapes)
+        spec = _Specialization(self._model, shapes, {}, self.options, probe)
+        self.compiles += 1
+        return spec
 
     def _specialize(self, arrays: list) -> _Specialization:
         """The specialization for these inputs' shapes; if converting needs the values of
@@ -125,7 +218,9 @@ class CompiledOnnxModel:
     def _build(self, shapes: dict, values: dict) -> _Specialization:
         log.info("compiling %s for input shapes %s%s", self._model.graph.name or "model", shapes,
                  f" and values of {sorted(values)}" if values else "")
-        return _Specialization(self._model, shapes, values, self.options)
+        spec = _Specialization(self._model, shapes, values, self.options)
+        self.compiles += 1
+        return spec
 
     # -- artifacts ----------------------------------------------------------
 
@@ -145,6 +240,29 @@ class CompiledOnnxModel:
                 self._compile_shapes(self._shapes_to_save(input_shapes or {}))
             specs = self.saved_specializations()
         save_model(self, specs, path)
+
+    def compile_lengths(self, symbol: str, input_shapes: dict) -> list[int]:
+        """Compile every bucket of the symbolic dim `symbol` (bridge/dynamic.py) up to its
+        size in `input_shapes`, so that save() writes an artifact serving every length
+        from 1 to that size; the bucket lengths. BrazeError when padding is refused."""
+        if symbol not in self._lengths.symbols:
+            raise BrazeError(f"{symbol!r} is no symbolic input dim of the model "
+                             f"(dynamic={self.options.dynamic!r}); its symbolic dims: "
+                             f"{sorted(symbolic_dims(self._model)) or 'none'}")
+        with self._specs.lock:
+            shapes = self._shapes_to_save(input_shapes)
+        top = max(shapes[n][a] for n, a in self._lengths.symbols[symbol] if n in shapes)
+        lengths = [bucket_of(1)]
+        while lengths[-1] < top:
+            lengths.append(lengths[-1] * BUCKET_BASE)
+        for length in lengths:
+            with self._specs.lock:
+                try:
+                    self._bucket_spec(shapes, symbol, length)
+                except PaddingRefused as e:
+                    raise BrazeError(f"cannot serve {symbol} from buckets: padding to "
+                                     f"{length} refused: {e}") from None
+        return lengths
 
     def export_c(self, outdir, name: str | None = None, input_shapes: dict | None = None,
                  threads: int = 1) -> dict:
@@ -207,7 +325,8 @@ class CompiledOnnxModel:
     def _declared_shapes(self) -> dict:
         """The shapes of the latest call (explain() with no shapes given)."""
         key = self._specs.latest_key()
-        return {e[0]: e[1] for e in key if len(e) == 2} if key is not None else {}
+        return {e[0]: e[1] for e in key if len(e) == 2 and isinstance(e[1], tuple)
+                } if key is not None else {}
 
 
 def explain_onnx(model, shapes: dict, target: str = "cpu", kernels: bool = False) -> str:

@@ -32,17 +32,26 @@ class Options:
     and artifacts: `target` (a compiler.target spec: "cpu", "cpu:<LLVM CPU name>...",
     "cuda", of a kind in TARGETS), `allow_fallback` (False: a node braze
     cannot compile is a CompileError, not a host step), `threads` (for braze's kernels
-    and onnxruntime's host steps)."""
+    and onnxruntime's host steps), `dynamic` (ONNX inputs' symbolic dims: "auto" compiles the
+    first two distinct values of a symbolic dim exactly, then buckets it: a power-of-two
+    bucket per compile, padded inputs, sliced outputs, so that lengths 1..512 compile at
+    most 10 times (bridge/dynamic.py); "off": every shape compiles exactly; a dim name,
+    e.g. "seq": bucket that dim from the first call; the torch backend buckets the
+    dynamic graphs dynamo hands it unless "off")."""
 
     TARGETS = ("cpu", "cuda")  # the target kinds (compiler.target.kind) it compiles for
 
     target: str = "cpu"
     allow_fallback: bool = True
     threads: int = 2
+    dynamic: str = "auto"
 
     def __post_init__(self):
         check_threads(self.threads)
         self.check_target()
+        if not isinstance(self.dynamic, str) or not self.dynamic:
+            raise BrazeError(f"dynamic must be 'auto', 'off' or the name of a symbolic input "
+                             f"dim, got {self.dynamic!r}")
 
     def check_target(self) -> None:
         """BrazeError (TargetError for a spec LLVM does not know) unless this front end
@@ -78,7 +87,9 @@ class TorchOptions(Options):
     """`options=` of torch.compile(backend="braze"): Options, plus `dump_dir` (IR text,
     clusters and LLVM IR of each graph written there), `freeze` (parameters and buffers
     of inference graphs become constants) and `strict` (an error in braze raises instead
-    of running the graph eagerly)."""
+    of running the graph eagerly). Here dynamo decides which dims are dynamic; an
+    inference graph with one symbolic length runs in buckets (bridge/torch_dynamic.py)
+    unless `dynamic` is "off"."""
 
     TARGETS = ("cpu",)
 

@@ -43,6 +43,7 @@ from bridge.steps import Part, Steps
 from compiler import driver
 from compiler.errors import BrazeError
 from compiler.ir import Graph
+from compiler.passes.padding import PaddingRefused
 
 log = logging.getLogger("braze")
 
@@ -130,7 +131,8 @@ def _compiler(kind: str, opts: TorchOptions):
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         static = static_inputs() if kind == "inference" and opts.freeze else ()
-        runner = GraphRunner(gm, f"g{next(_graph_ids)}_{kind}", static, opts)
+        runner = GraphRunner(gm, f"g{next(_graph_ids)}_{kind}", static, opts,
+                             buckets=kind == "inference")
         return make_boxed_func(runner)
 
     return compile_graph
@@ -148,7 +150,10 @@ def static_inputs() -> tuple[int, ...]:
 class GraphRunner:
     """One aten graph: compiled per input signature at call time, eager on refusal."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, static: tuple, opts: TorchOptions):
+    def __init__(self, gm: torch.fx.GraphModule, name: str, static: tuple, opts: TorchOptions,
+                 buckets: bool = False):
+        from bridge.torch_dynamic import LengthSymbol
+
         self.gm = gm
         self.name = name
         self.static = frozenset(static)
@@ -157,21 +162,28 @@ class GraphRunner:
         self._specs = SpecializationCache()
         self._frozen = FrozenWeights(self.static) if self.static else None
         self._dynamic_order: dict[int, tuple] = {}  # argument count -> non-static indices
+        # the symbolic length of a dynamic inference graph, run in power-of-two buckets
+        # (bridge/torch_dynamic.py); None: every shape compiles exactly
+        self.length = (LengthSymbol.of(gm) if buckets and self.dynamic
+                       and opts.dynamic != "off" else None)
+        self.compiles = 0  # specializations built (exact and buckets)
 
     def __call__(self, *args):
         key, why = self._signature(args)
-        spec = None if why else self._specialization(key, args)
+        spec, n, used = (None, None, key) if why else self._padded(key, args)
+        if spec is None and not why:
+            spec = self._specialization(key, args)
         if spec is None:
             return self.gm(*args)
         try:
-            return spec.run(args)
+            return spec.run(args) if n is None else spec.run(args, n)
         except Exception as e:
             if self.opts.strict:
                 raise
             log.warning("braze: graph %s failed at run time (%s: %s); running it eagerly "
                         "from now on", self.name, type(e).__name__, e)
             with self._specs.lock:
-                self._specs.put(key, None)
+                self._specs.put(used, None)
             return self.gm(*args)
 
     def _signature(self, args) -> tuple[tuple, str | None]:
@@ -193,6 +205,39 @@ class GraphRunner:
                 key.append(a)
         return tuple(key), None
 
+    def _padded(self, key: tuple, args) -> tuple:
+        """(a bucket's PaddedRun, n, its key) when this call runs padded, else (None,
+        None, key)."""
+        from bridge.dynamic import bucket_of
+
+        n = None if self.length is None else self.length.length(args)
+        if n is None:
+            return None, None, key
+        length = bucket_of(n)
+        bkey = self.length.signature(args, length, self._dynamic_order[len(args)])
+        with self._specs.lock:
+            self._check_frozen(args)
+            if self._specs.get(bkey) is None:  # refused before (or failed at run time)
+                return None, None, key
+            try:
+                return self._specs.get_or_build(bkey, lambda: self._bucket(args, length)), \
+                    n, bkey
+            except Exception as e:  # PaddingRefused, or the bucket failed to compile
+                if self.opts.strict and not isinstance(e, PaddingRefused):
+                    raise
+                log.info("braze: graph %s: length %d compiles exactly: padding to %d "
+                         "refused: %s", self.name, n, length, e)
+                self._specs.put(bkey, None)
+                return None, None, key
+
+    def _bucket(self, args, length: int):
+        from bridge.torch_dynamic import PaddedRun
+
+        log.info("braze: compiling graph %s for lengths up to %d", self.name, length)
+        run = PaddedRun(self, self.length, args, length)
+        self.compiles += 1
+        return run
+
     def _specialization(self, key: tuple, args):
         with self._specs.lock:
             self._check_frozen(args)
@@ -211,7 +256,9 @@ class GraphRunner:
 
         try:
             with gc_paused():
-                return _Specialization(self, args)
+                spec = _Specialization(self, args)
+                self.compiles += 1
+                return spec
         except UnrepresentableGraph as e:
             if self.opts.allow_fallback:  # a limit of braze's IR, not a failure: INFO
                 log.info("braze: graph %s runs on torch: %s", self.name, e)

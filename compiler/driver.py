@@ -83,8 +83,20 @@ def plan(graph: Graph, target: str = "cpu", allow_fallback: bool = True) -> Plan
     With fallback on, a compiled cluster too cheap to pay for its boundaries goes to
     the host (`demote_cheap`); without it nothing is demoted, so that every refusal
     is a real one."""
+    optimize(graph, target)
+    return cut(graph, target, allow_fallback)
+
+
+def optimize(graph: Graph, target: str = "cpu") -> None:
+    """`plan`'s first half: the passes and the target's passes, in place (a front end
+    that rewrites the optimized graph, as bridge/dynamic.py does for padding, runs the
+    halves apart)."""
     run_passes(graph)
     run_target_passes(graph, target)
+
+
+def cut(graph: Graph, target: str = "cpu", allow_fallback: bool = True) -> Plan:
+    """`plan`'s second half: partition an optimized graph for `target`."""
     clusters = partition(graph, supports_for(target), demote_cheap=allow_fallback)
     return Plan(graph, target, clusters, None if allow_fallback else first_refusal(clusters))
 

@@ -46,8 +46,9 @@ from runtime.executable import Executable, Step
 FORMAT = "braze-artifact"
 # Bump on any change a reader of the previous layout would misread; readers accept
 # exactly their own version (compiled code is tied to one braze anyway).
-FORMAT_VERSION = 3  # 2: `entries` gives each entry's size beside its sha256;
-# 3: the target names its spec, vector features and requirements
+FORMAT_VERSION = 4  # 2: `entries` gives each entry's size beside its sha256;
+# 3: the target names its spec, vector features and requirements; 4: a specialization
+# may be a padded bucket (`padding`), which a reader of 3 would call without its mask
 MANIFEST = "manifest.json"
 # A manifest describes steps and names entries; the largest braze writes (hundreds of
 # specializations of a big model) stay far below this.

@@ -186,7 +186,7 @@ def test_specializations_are_bounded(monkeypatch):
     import bridge.specializations
 
     monkeypatch.setattr(bridge.specializations, "MAX_SPECIALIZATIONS", 2)
-    m = bridge.compile_onnx(_mlp())
+    m = bridge.compile_onnx(_mlp(), dynamic="off")  # exact shapes: no buckets
     for n in (1, 2, 3, 1):
         m(*_inputs(n))
     assert [dict(k)["x"] for k in m._specs] == [(3, 8), (1, 8)]  # 2 was least recently used
