@@ -51,6 +51,15 @@ def probe_length(length: int) -> int:
     return length - 1
 
 
+def probe_lengths(length: int) -> list[int]:
+    """Every length the bucket's graph is compared with: probe_length, and the shortest
+    length the bucket serves (the previous bucket + 1; 2 for the first, whose size-1
+    case the passes special-case) where that is another, so a constant built from the
+    length is checked at both ends of the lengths it will run."""
+    shortest = length // BUCKET_BASE + 1 if length > MIN_BUCKET else 2
+    return [probe_length(length)] + ([shortest] if shortest < probe_length(length) else [])
+
+
 def symbolic_dims(model) -> dict:
     """symbol -> [(input name, axis)] for the graph inputs' named dims (an unnamed
     unknown dim is its own symbol, '<input>:<axis>')."""

@@ -19,7 +19,7 @@ from bridge.dynamic import (
     LengthPolicy,
     PadPlan,
     bucket_of,
-    probe_length,
+    probe_lengths,
     symbolic_dims,
 )
 from bridge.inputs import bind_inputs, check_input, input_spec
@@ -41,13 +41,14 @@ class _Specialization:
     plan and executable."""
 
     def __init__(self, model, shapes: dict, values: dict, opts: Options,
-                 probe: dict | None = None):
+                 probes: list | None = None):
         from compiler import gc_paused
 
         with gc_paused():
-            self._build(model, shapes, values, opts, probe)
+            self._build(model, shapes, values, opts, probes)
 
-    def _build(self, model, shapes: dict, values: dict, opts: Options, probe: dict | None):
+    def _build(self, model, shapes: dict, values: dict, opts: Options,
+               probes: list | None):
         from runtime.executable import build_executable
 
         imported = _imported(model, shapes, values)
@@ -57,10 +58,10 @@ class _Specialization:
         self.input_names = imported.input_names  # the model inputs the executable takes
         self.value_inputs = [n for n in imported.value_inputs if n not in values]
         self.pad_plan: PadPlan | None = None  # set for a bucket (bridge/dynamic.py)
-        if probe is None:
+        if probes is None:
             self.plan = driver.plan(self.graph, opts.target, opts.allow_fallback)
         else:
-            self.plan = self._padded_plan(model, probe, opts)
+            self.plan = self._padded_plan(model, probes, opts)
         self.clusters = self.plan.clusters
         self.parts: list[Part] = []  # per cluster, in step order: what save() writes
         self.executable = None
@@ -71,17 +72,21 @@ class _Specialization:
         self.executable = build_executable(self.graph, self.clusters,
                                            [p.step for p in self.parts])
 
-    def _padded_plan(self, model, probe: dict, opts: Options) -> driver.Plan:
+    def _padded_plan(self, model, probes: list, opts: Options) -> driver.Plan:
         """The plan of a bucket: the graph at the bucket's length rewritten to serve every
-        shorter one (compiler/passes/padding.py; `probe`: the shapes at another length).
-        PaddingRefused when that is not proven."""
+        shorter one (compiler/passes/padding.py; `probes`: the shapes at other lengths,
+        dynamic.probe_lengths). PaddingRefused when that is not proven."""
         if self.value_inputs:
             raise PaddingRefused(f"needs the values of input(s) {', '.join(self.value_inputs)}")
-        other = _imported(model, probe, {})
         driver.optimize(self.graph, opts.target)
-        driver.optimize(other.graph, opts.target)
-        length, probe_length = _lengths(self.shapes, probe)
-        padding = pad_length(self.graph, other.graph, length, probe_length)
+        others = []
+        for probe in probes:
+            graph = _imported(model, probe, {}).graph
+            driver.optimize(graph, opts.target)
+            others.append((graph, _lengths(self.shapes, probe)[1]))
+        length = _lengths(self.shapes, probes[0])[0]
+        padding = pad_length(self.graph, others[0][0], length, others[0][1],
+                             more=tuple(others[1:]))
         self.input_names = [v.name for v in self.graph.inputs]
         self.pad_plan = PadPlan(padding)
         return driver.cut(self.graph, opts.target, opts.allow_fallback)
@@ -182,11 +187,12 @@ class CompiledOnnxModel:
         return spec
 
     def _build_bucket(self, shapes: dict, symbol: str, length: int) -> _Specialization:
-        """The bucket of `length` (the shapes are at it), probed at length - 1."""
-        probe = self._lengths.with_length(shapes, symbol, probe_length(length))
+        """The bucket of `length` (the shapes are at it), probed at length - 1 and at the
+        shortest length it serves."""
+        probes = [self._lengths.with_length(shapes, symbol, n) for n in probe_lengths(length)]
         log.info("compiling %s for %s up to %d, input shapes %s",
                  self._model.graph.name or "model", symbol, length, shapes)
-        spec = _Specialization(self._model, shapes, {}, self.options, probe)
+        spec = _Specialization(self._model, shapes, {}, self.options, probes)
         self.compiles += 1
         return spec
 

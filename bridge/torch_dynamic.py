@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from bridge.dynamic import PadPlan, probe_length
+from bridge.dynamic import PadPlan, probe_lengths
 from compiler.passes.padding import PaddingRefused
 
 
@@ -109,17 +109,19 @@ class PaddedRun:
         opts = runner.opts
         frozen = _frozen_arrays(runner.static, args)
         imported = []
-        for at in (length, probe_length(length)):
+        for at in (length, *probe_lengths(length)):
             at_args = symbol.at(args, at)
             imp = import_fx(runner.gm, at_args, frozen, concrete_vals(runner.gm, at_args),
                             runner.name)
             driver.optimize(imp.graph, opts.target)
             imported.append(imp)
-        bucket, probe = imported
+        bucket, *probes = imported
         if any(o[0] == "literal" for o in bucket.outputs):
             raise PaddingRefused("the graph returns sizes or scalars, which would be the "
                                  "bucket's")
-        padding = pad_length(bucket.graph, probe.graph, length, probe_length(length))
+        others = [(p.graph, n) for p, n in zip(probes, probe_lengths(length))]
+        padding = pad_length(bucket.graph, others[0][0], length, others[0][1],
+                             more=tuple(others[1:]))
         plan = driver.cut(bucket.graph, opts.target, opts.allow_fallback)
         plan.check()
         self.pad_plan = PadPlan(padding)

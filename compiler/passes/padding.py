@@ -17,9 +17,10 @@ that is a multiple of the length (merged into another axis), an attribute that m
 with the length other than as a size (a slice at L - 1), a constant whose values
 change with it (a mean's 1/L). A constant with length axes (a causal mask built from
 the length) must agree with the probe's on their common positions. That is checked at
-two lengths, not proven for every n: a constant built from the length that agrees at
-L and L - 1 but not at some shorter n would pass (the ones exported models build from
-a length are functions of the position: masks, ranges, position tables).
+L, L - 1 and the shortest length the bucket serves, not proven for every n: a constant
+built from the length that agrees at those three but not at some n between would pass
+(the ones exported models build from a length are functions of the position: masks,
+ranges, position tables).
 
 What each op needs, given its operands' length axes (RULES):
 - elementwise, const, transpose, broadcast: position-wise, nothing.
@@ -78,11 +79,18 @@ class Padding:
 Axes = frozenset
 
 
-def pad_length(bucket: Graph, probe: Graph, length: int, probe_length: int) -> Padding:
+def pad_length(bucket: Graph, probe: Graph, length: int, probe_length: int,
+               more: tuple = ()) -> Padding:
     """Rewrite `bucket` (the model at `length`, after the passes) so that it serves every
     length up to `length` from zero-padded inputs; `probe` is the same model at
-    `probe_length`. PaddingRefused (nothing changed) when that is not proven."""
+    `probe_length`, `more` further (graph, length) probes that must agree with it (the
+    front ends add the shortest length the bucket serves). PaddingRefused (nothing
+    changed) when that is not proven."""
     axes = length_axes(bucket, probe, length, probe_length)
+    for other, other_length in more:
+        if length_axes(bucket, other, length, other_length) != axes:
+            raise PaddingRefused(f"the length axes at {other_length} differ from those at "
+                                 f"{probe_length}")
     edits: list[Callable[[_Masks], None]] = []
     for node in bucket.nodes:
         edit = _rule(node, axes, bucket)
@@ -90,8 +98,9 @@ def pad_length(bucket: Graph, probe: Graph, length: int, probe_length: int) -> P
             edits.append(edit)
     # attributes and constants after the rules, whose reason is the clearer one where
     # both refuse (a host node reading the length also has a payload naming its shapes)
-    for nb, nx in zip(bucket.nodes, probe.nodes):
-        _same_attrs(nb, nx, length, probe_length, axes)
+    for graph, at in ((probe, probe_length), *more):
+        for nb, nx in zip(bucket.nodes, graph.nodes):
+            _same_attrs(nb, nx, length, at, axes)
     masks = _Masks(bucket, length)
     for edit in edits:
         edit(masks)

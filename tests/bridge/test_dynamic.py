@@ -226,8 +226,9 @@ def test_cli_compiles_every_bucket_into_one_artifact(encoder_path, tmp_path, cap
 
 
 def test_recurrence_is_refused_and_compiles_exact_lengths(tmp_path, caplog):
-    """An LSTM over the length runs on onnxruntime as one node: padding it would run the
-    recurrence over padded steps, so every length compiles exactly."""
+    """An LSTM over the length (compiled: one projection GEMM over the T*B rows, then the
+    recurrence) is refused: its projection merges the length with the batch and the
+    recurrence would run over padded steps, so every length compiles exactly."""
     import warnings
 
     import torch
@@ -250,4 +251,5 @@ def test_recurrence_is_refused_and_compiles_exact_lengths(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="braze"):
         _check(m, path, [7, 3, 12])
     assert m.compiles == 3 and all(s.pad_plan is None for s in m.saved_specializations())
-    assert "runs on the host with length axes" in caplog.text
+    assert "compile exactly (padding refused" in caplog.text
+    assert "merged with another axis" in caplog.text
