@@ -31,6 +31,14 @@ Movement:
   slice(slice(x, a, s, n), b, t, m)                      -> slice(x, a + b*s, s*t, m)
     (element i reads mid[b + i*t] = x[a + (b + i*t)*s])
   reduce over axes that all have size 1                   -> reshape (or x with keepdims)
+
+Strength reduction of float pow by a constant small integer (the one family here that
+may move a result by a rounding): x ** 2 -> x * x, x ** 3 -> (x * x) * x,
+x ** 4 -> (x * x) * (x * x), x ** -1 -> 1 / x. x * x and 1 / x are the correctly
+rounded x^2 and 1/x; a cube or fourth power rounds twice (within 1 ulp of the true
+power), as torch's and onnxruntime's own pow kernels compute these exponents. The
+win is large: pow lowers to a scalar libm call that blocks vectorization and keeps
+the op out of a GEMM's register epilogue (GPT-2's tanh GELU has x ** 3).
 """
 
 from __future__ import annotations
@@ -242,7 +250,47 @@ def rewrite_div_by_constant(graph: Graph, node: Node, inv) -> None:
     graph.set_input(node, 1, new_const(graph, node, inv, "inverse"))
 
 
+# pow exponents rewritten into multiplies (see the module docstring): beyond 4 the
+# product rounds more times than a libm pow's one ulp would allow for.
+POW_AS_MULTIPLIES = (2.0, 3.0, 4.0)
+
+
+def check_pow_by_small_integer(node: Node, ctx: Context):
+    c = const_value(node.inputs[1])
+    x = node.inputs[0]
+    if x.dtype not in dtypes.FLOATS or c is None or c.size != 1:
+        return "not a float raised to one constant"
+    if node.outputs[0].type != x.type:
+        return "the exponent broadcasts the result to another shape"
+    value = float(c.reshape(-1)[0])
+    if value not in POW_AS_MULTIPLIES and value != -1.0:
+        return f"exponent {value} is not one of {POW_AS_MULTIPLIES} or -1"
+    return value
+
+
+def rewrite_pow_by_small_integer(graph: Graph, node: Node, exponent: float) -> Value:
+    x = node.inputs[0]
+    at = graph.nodes.index(node)
+
+    def mul(a: Value, b: Value, hint: str) -> Value:
+        nonlocal at
+        out = graph.add_node("mul", [a, b], out_names=[hint], index=at).output
+        at += 1
+        return out
+
+    if exponent == -1.0:
+        one = new_const(graph, node, np.ones((), dtype=dtypes.to_numpy(x.dtype)), "one")
+        return graph.add_node("div", [one, x], out_names=["reciprocal"],
+                              index=graph.nodes.index(node)).output
+    square = mul(x, x, "square")
+    if exponent == 2.0:
+        return square
+    return mul(square, x if exponent == 3.0 else square, "power")
+
+
 RULES = [
+    Rule("pow_by_small_integer", frozenset({"pow"}), check_pow_by_small_integer,
+         rewrite_pow_by_small_integer),
     Rule("div_by_constant", frozenset({"div"}), check_div_by_constant, rewrite_div_by_constant),
     Rule("neutral_operand", frozenset(_NEUTRAL), check_neutral, _forward),
     Rule("involution", frozenset({"neg", "not"}), check_involution, _forward),
