@@ -95,10 +95,11 @@ def _split_operand(c: Value, before: tuple, after: tuple):
     mask this way: scores [B*nW, h, N, N] -> [B, nW, h, N, N] + mask[1, nW, 1, N, N]."""
     arr = c.const_value
     j = len(after) - len(before)  # dims the first one splits into, less one
-    if (arr is None or j < 1 or after[j + 1:] != before[1:] or arr.ndim > len(after)
-            or arr.size * before[0] > SPLIT_CONSTANT_ELEMENTS):
+    if arr is None or j < 1 or after[j + 1:] != before[1:] or arr.ndim > len(after):
         return None
     arr = arr.reshape((1,) * (len(after) - arr.ndim) + arr.shape)
+    if before[0] * int(np.prod(arr.shape[j + 1:])) > SPLIT_CONSTANT_ELEMENTS:
+        return None  # the size of what is written out: c's split dims become y's first
     lead = np.broadcast_to(arr, after[:j + 1] + arr.shape[j + 1:])
     return np.ascontiguousarray(lead.reshape((before[0],) + arr.shape[j + 1:]))
 
