@@ -120,3 +120,22 @@ graph g(%s: f32[6,2,4,4]) -> (%y) {
 }""", {"m": mask})
     ops = [n.op for n in g.nodes if n.op != "const"]
     assert (ops == ["add", "exp"]) == folded, ops
+
+
+def test_a_bias_added_before_the_reshaped_product_fuses_too():
+    """The ONNX export of a Linear on [B, nW, N, C] writes Add(bias, reshape(MatMul)): add
+    lets its operands trade places, so the bias still lands in the GEMM's epilogue."""
+    text = """
+graph g(%x: f32[1,4,5,8]) -> (%y) {
+  %w = const() {value=@w} : f32[8,12]
+  %b = const() {value=@b} : f32[12]
+  %m = matmul(%x, %w) : f32[1,4,5,12]
+  %r = reshape(%m) {shape=[20, 12]} : f32[20,12]
+  %y = add(%b, %r) : f32[20,12]
+}"""
+    g, xs, want = _after_passes(text, {"w": W, "b": B})
+    kernels = plan(g).kernels
+    # the GEMM with the bias on its registers; the graph output's reshape is its own copy
+    assert [[n.op for n in k.nodes] for k in kernels] == [["matmul", "add"], ["reshape"]]
+    got = CpuStep(compile_graph(g), threads=1).run(xs)[0]
+    np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
