@@ -39,6 +39,11 @@ rounded x^2 and 1/x; a cube or fourth power rounds twice (within 1 ulp of the tr
 power), as torch's and onnxruntime's own pow kernels compute these exponents. The
 win is large: pow lowers to a scalar libm call that blocks vectorization and keeps
 the op out of a GEMM's register epilogue (GPT-2's tanh GELU has x ** 3).
+Likewise erf(x / c) -> erf(x * (1/c)) for a float constant c read only by that erf: the
+argument may move by 1 ulp, which moves erf by at most about 1 ulp (|x erf'(x) / erf(x)|
+<= 1), under the 4 ulp that braze's float32 erf itself allows (codegen/mathlib.py); a
+vector division costs ~10 cycles of throughput in a GEMM epilogue, a multiply 0.5
+(the erf GELU, x * (1 + erf(x / sqrt 2)) / 2, after every MLP's first matmul).
 """
 
 from __future__ import annotations
@@ -288,7 +293,31 @@ def rewrite_pow_by_small_integer(graph: Graph, node: Node, exponent: float) -> V
     return mul(square, x if exponent == 3.0 else square, "power")
 
 
+def check_erf_of_quotient(node: Node, ctx: Context):
+    p = node.inputs[0].producer
+    if node.outputs[0].dtype not in ("f32", "f64") or p is None or p.op != "div":
+        return "erf of something other than a float quotient"
+    c = const_value(p.inputs[1])
+    if c is None or c.size != 1 or p.outputs[0].type != p.inputs[0].type:
+        return "the divisor is not one constant (or it broadcasts the quotient)"
+    value = float(c.reshape(-1)[0])
+    if value == 0 or not np.isfinite(value):
+        return "the divisor is 0 or not finite"
+    why = ctx.sole_reader(p.outputs[0])
+    if why is not None:
+        return why
+    return p, np.asarray(1.0 / value, dtype=c.dtype)
+
+
+def rewrite_erf_of_quotient(graph: Graph, node: Node, match) -> None:
+    div, inv = match
+    div.op = "mul"
+    graph.set_input(div, 1, new_const(graph, div, inv, "inverse"))
+
+
 RULES = [
+    Rule("erf_of_quotient", frozenset({"erf"}), check_erf_of_quotient,
+         rewrite_erf_of_quotient),
     Rule("pow_by_small_integer", frozenset({"pow"}), check_pow_by_small_integer,
          rewrite_pow_by_small_integer),
     Rule("div_by_constant", frozenset({"div"}), check_div_by_constant, rewrite_div_by_constant),

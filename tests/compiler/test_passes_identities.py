@@ -316,3 +316,25 @@ graph g(%x: f32[64]) -> (%a, %b, %c, %d, %e) {
     for got, ref in zip(evaluate(g, [x]), want):
         np.testing.assert_allclose(got, ref, rtol=2.5e-7, atol=0, equal_nan=True)
     np.testing.assert_array_equal(evaluate(g, [x])[0], want[0])  # x * x is exact
+
+
+def test_erf_of_a_quotient_multiplies_by_the_reciprocal():
+    g = parse_graph("""
+graph g(%x: f32[256], %w: f32[256]) -> (%y, %z, %q) {
+  %s = const() {value=dense<f32[]: [1.4142135]>} : f32[]
+  %t = const() {value=dense<f32[]: [3.0]>} : f32[]
+  %d = div(%x, %s) : f32[256]
+  %y = erf(%d) : f32[256]
+  %q = div(%w, %t) : f32[256]
+  %z = erf(%q) : f32[256]
+}""")
+    rng = np.random.default_rng(1)
+    xs = [rng.uniform(-5, 5, 256).astype(np.float32) for _ in range(2)]
+    want = evaluate(g, xs)
+    assert simplify_identities(g)
+    remove_dead(g)
+    verify(g)
+    # the GELU's quotient becomes a multiply; the other is a graph output, so it stays
+    assert sorted(n.op for n in g.nodes if n.op != "const") == ["div", "erf", "erf", "mul"]
+    for got, ref in zip(evaluate(g, xs), want):
+        np.testing.assert_allclose(got, ref, rtol=3e-7, atol=1e-7)
