@@ -47,6 +47,31 @@ def delinearize(b: ir.IRBuilder, off, shape: tuple) -> list:
     return idx[::-1]
 
 
+def reshape_groups(before: tuple, after: tuple) -> list | None:
+    """The reshape before -> after as consecutive groups of dims with equal products:
+    [((i0, i1), (o0, o1)), ...], before[i0:i1] holding what after[o0:o1] holds (row-major
+    order makes each group's elements a contiguous run of the other's). Size-1 dims join
+    the group before them (or the first). None for an empty shape or a 0 dim."""
+    if not before or not after or 0 in before or 0 in after:
+        return None
+    groups, i, o = [], 0, 0
+    while i < len(before) or o < len(after):
+        i0, o0 = i, o
+        i, o = i + 1, o + 1
+        pi, pa = before[i0], after[o0]
+        while pi != pa:
+            if pi < pa:
+                pi, i = pi * before[i], i + 1
+            else:
+                pa, o = pa * after[o], o + 1
+        while i < len(before) and before[i] == 1 and (o >= len(after) or after[o] != 1):
+            i += 1
+        while o < len(after) and after[o] == 1 and (i >= len(before) or before[i] != 1):
+            o += 1
+        groups.append(((i0, i), (o0, o)))
+    return groups
+
+
 class ElementEmitter:
     """Emits elements of values for one kernel body (see the module docstring)."""
 
@@ -74,10 +99,12 @@ class ElementEmitter:
 
     # -- leaves -------------------------------------------------------------
 
-    def load(self, v: Value, idx: list):
+    def load(self, v: Value, idx: list, base=None):
+        """v's element at idx from its buffer (or from `base`, a buffer holding v's
+        elements in row-major order: a reshaped value's operand)."""
         off = idx[0] if self.flat else linear_index(self.b, idx, v.shape)
-        ptr = self.b.gep(self.buffers[v], [off], source_etype=storage_type(v.dtype),
-                         inbounds=True)
+        base = self.buffers[v] if base is None else base
+        ptr = self.b.gep(base, [off], source_etype=storage_type(v.dtype), inbounds=True)
         x = self.b.load(ptr, typ=storage_type(v.dtype))
         return self.b.icmp_unsigned("!=", x, ir.Constant(x.type, 0)) if v.dtype == "bool" else x
 
@@ -153,9 +180,24 @@ class ElementEmitter:
         return self.at(x, broadcast_index(idx, x.shape, n.outputs[0].shape))
 
     def _reshape(self, n, idx):
+        """A reshape maps each group of dims with equal products on its own (Swin's
+        [1, 56, 56, C] -> [1, 8, 7, 8, 7, C] splits two dims and passes C through: two
+        small divisions per element, not one per dim of the whole offset)."""
         x = n.inputs[0]
-        off = linear_index(self.b, idx, n.outputs[0].shape)
-        return self.at(x, delinearize(self.b, off, x.shape))
+        if x in self.buffers and x not in self.registers and not self.flat:
+            return self.load(n.outputs[0], idx, self.buffers[x])  # same row-major offset
+        groups = None if self.flat else reshape_groups(x.shape, n.outputs[0].shape)
+        if groups is None:
+            off = linear_index(self.b, idx, n.outputs[0].shape)
+            return self.at(x, delinearize(self.b, off, x.shape))
+        src = []
+        for (i0, i1), (o0, o1) in groups:
+            if i1 - i0 == 1 and o1 - o0 == 1:
+                src.append(idx[o0])
+                continue
+            off = linear_index(self.b, idx[o0:o1], n.outputs[0].shape[o0:o1])
+            src += delinearize(self.b, off, x.shape[i0:i1])
+        return self.at(x, src)
 
     def _transpose(self, n, idx):
         perm = n.attrs["perm"]

@@ -31,6 +31,19 @@ Movement:
   slice(slice(x, a, s, n), b, t, m)                      -> slice(x, a + b*s, s*t, m)
     (element i reads mid[b + i*t] = x[a + (b + i*t)*s])
   reduce over axes that all have size 1                   -> reshape (or x with keepdims)
+
+Strength reduction of float pow by a constant small integer (the one family here that
+may move a result by a rounding): x ** 2 -> x * x, x ** 3 -> (x * x) * x,
+x ** 4 -> (x * x) * (x * x), x ** -1 -> 1 / x. x * x and 1 / x are the correctly
+rounded x^2 and 1/x; a cube or fourth power rounds twice (within 1 ulp of the true
+power), as torch's and onnxruntime's own pow kernels compute these exponents. The
+win is large: pow lowers to a scalar libm call that blocks vectorization and keeps
+the op out of a GEMM's register epilogue (GPT-2's tanh GELU has x ** 3).
+Likewise erf(x / c) -> erf(x * (1/c)) for a float constant c read only by that erf: the
+argument may move by 1 ulp, which moves erf by at most about 1 ulp (|x erf'(x) / erf(x)|
+<= 1), under the 4 ulp that braze's float32 erf itself allows (codegen/mathlib.py); a
+vector division costs ~10 cycles of throughput in a GEMM epilogue, a multiply 0.5
+(the erf GELU, x * (1 + erf(x / sqrt 2)) / 2, after every MLP's first matmul).
 """
 
 from __future__ import annotations
@@ -242,7 +255,71 @@ def rewrite_div_by_constant(graph: Graph, node: Node, inv) -> None:
     graph.set_input(node, 1, new_const(graph, node, inv, "inverse"))
 
 
+# pow exponents rewritten into multiplies (see the module docstring): beyond 4 the
+# product rounds more times than a libm pow's one ulp would allow for.
+POW_AS_MULTIPLIES = (2.0, 3.0, 4.0)
+
+
+def check_pow_by_small_integer(node: Node, ctx: Context):
+    c = const_value(node.inputs[1])
+    x = node.inputs[0]
+    if x.dtype not in dtypes.FLOATS or c is None or c.size != 1:
+        return "not a float raised to one constant"
+    if node.outputs[0].type != x.type:
+        return "the exponent broadcasts the result to another shape"
+    value = float(c.reshape(-1)[0])
+    if value not in POW_AS_MULTIPLIES and value != -1.0:
+        return f"exponent {value} is not one of {POW_AS_MULTIPLIES} or -1"
+    return value
+
+
+def rewrite_pow_by_small_integer(graph: Graph, node: Node, exponent: float) -> Value:
+    x = node.inputs[0]
+    at = graph.nodes.index(node)
+
+    def mul(a: Value, b: Value, hint: str) -> Value:
+        nonlocal at
+        out = graph.add_node("mul", [a, b], out_names=[hint], index=at).output
+        at += 1
+        return out
+
+    if exponent == -1.0:
+        one = new_const(graph, node, np.ones((), dtype=dtypes.to_numpy(x.dtype)), "one")
+        return graph.add_node("div", [one, x], out_names=["reciprocal"],
+                              index=graph.nodes.index(node)).output
+    square = mul(x, x, "square")
+    if exponent == 2.0:
+        return square
+    return mul(square, x if exponent == 3.0 else square, "power")
+
+
+def check_erf_of_quotient(node: Node, ctx: Context):
+    p = node.inputs[0].producer
+    if node.outputs[0].dtype not in ("f32", "f64") or p is None or p.op != "div":
+        return "erf of something other than a float quotient"
+    c = const_value(p.inputs[1])
+    if c is None or c.size != 1 or p.outputs[0].type != p.inputs[0].type:
+        return "the divisor is not one constant (or it broadcasts the quotient)"
+    value = float(c.reshape(-1)[0])
+    if value == 0 or not np.isfinite(value):
+        return "the divisor is 0 or not finite"
+    why = ctx.sole_reader(p.outputs[0])
+    if why is not None:
+        return why
+    return p, np.asarray(1.0 / value, dtype=c.dtype)
+
+
+def rewrite_erf_of_quotient(graph: Graph, node: Node, match) -> None:
+    div, inv = match
+    div.op = "mul"
+    graph.set_input(div, 1, new_const(graph, div, inv, "inverse"))
+
+
 RULES = [
+    Rule("erf_of_quotient", frozenset({"erf"}), check_erf_of_quotient,
+         rewrite_erf_of_quotient),
+    Rule("pow_by_small_integer", frozenset({"pow"}), check_pow_by_small_integer,
+         rewrite_pow_by_small_integer),
     Rule("div_by_constant", frozenset({"div"}), check_div_by_constant, rewrite_div_by_constant),
     Rule("neutral_operand", frozenset(_NEUTRAL), check_neutral, _forward),
     Rule("involution", frozenset({"neg", "not"}), check_involution, _forward),

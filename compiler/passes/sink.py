@@ -11,6 +11,7 @@ kernels against 45 from the ONNX export of the same model, 1.8x the time). Movin
       (the GEMM folds x's leading dims into its rows: the same products, in order)
   op(reshape(y), c...), y's last dim kept, each other operand a scalar or a row
   broadcast along the last dim                     -> reshape(op(y, c...))
+      (for add, mul, max and min, op(c, reshape(y)) is read as op(reshape(y), c))
   op(reshape(y), c), the reshape splitting y's first dim, c a small constant
                                                    -> reshape(op(y, c'))
       (c' = c as y's rows see it: Swin's shifted-window mask, added to scores viewed
@@ -67,9 +68,18 @@ def _row_operand(c: Value, rank: int) -> bool:
     return c.type.rank <= rank and all(d == 1 for d in c.shape[:-1])
 
 
+# Elementwise ops whose two operands may trade places (the ONNX export of a Linear
+# writes Add(bias, MatMul): the reshaped product comes second).
+COMMUTATIVE = frozenset({"add", "mul", "max", "min"})
+
+
 def check_elementwise(node: Node, ctx: Context):
     if node.opdef.family is not Family.ELEMENTWISE or not node.inputs:
         return "not an elementwise op"
+    if (node.op in COMMUTATIVE and len(node.inputs) == 2 and _reshaped(node.inputs[0]) is None
+            and _reshaped(node.inputs[1]) is not None):
+        a, b = node.inputs
+        ctx.graph.set_inputs(node, [b, a])  # the same value either way; the reshape first
     first = node.inputs[0]
     y = _reshaped(first)
     if y is None:
@@ -95,10 +105,11 @@ def _split_operand(c: Value, before: tuple, after: tuple):
     mask this way: scores [B*nW, h, N, N] -> [B, nW, h, N, N] + mask[1, nW, 1, N, N]."""
     arr = c.const_value
     j = len(after) - len(before)  # dims the first one splits into, less one
-    if (arr is None or j < 1 or after[j + 1:] != before[1:] or arr.ndim > len(after)
-            or arr.size * before[0] > SPLIT_CONSTANT_ELEMENTS):
+    if arr is None or j < 1 or after[j + 1:] != before[1:] or arr.ndim > len(after):
         return None
     arr = arr.reshape((1,) * (len(after) - arr.ndim) + arr.shape)
+    if before[0] * int(np.prod(arr.shape[j + 1:])) > SPLIT_CONSTANT_ELEMENTS:
+        return None  # the size of what is written out: c's split dims become y's first
     lead = np.broadcast_to(arr, after[:j + 1] + arr.shape[j + 1:])
     return np.ascontiguousarray(lead.reshape((before[0],) + arr.shape[j + 1:]))
 

@@ -447,3 +447,43 @@ def test_without_llvmlites_lock_parts_compile_here_without_forking(monkeypatch):
     assert len(llvm_cpu.split_objects(cg.object_code)) == 2
     for got, want in zip(cg.run(xs), evaluate(g, xs)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("before, after, want", [
+    ((1, 56, 56, 96), (1, 8, 7, 8, 7, 96),
+     [((0, 1), (0, 1)), ((1, 2), (1, 3)), ((2, 3), (3, 5)), ((3, 4), (5, 6))]),
+    ((64, 49, 3, 3, 32), (1, 8, 8, 7, 7, 288), [((0, 1), (0, 3)), ((1, 2), (3, 5)),
+                                               ((2, 5), (5, 6))]),
+    ((4, 1, 5), (20,), [((0, 3), (0, 1))]),
+    ((1, 4), (4, 1), [((0, 2), (0, 2))]),
+    ((2, 3), (3, 2), [((0, 2), (0, 2))]),
+    ((0, 3), (3, 0), None),
+])
+def test_reshape_groups(before, after, want):
+    from compiler.codegen.emitter import reshape_groups
+    assert reshape_groups(before, after) == want
+
+
+def test_window_partition_reads_with_few_divisions():
+    """Swin's roll + window partition + reverse as one loop kernel: each reshape maps its
+    dim groups on their own (the channel passes through), so the optimized kernel has a
+    handful of divisions by constants, not one per dim of the whole offset; the same
+    numbers as numpy."""
+    g = parse_graph("""
+graph g(%x: f32[1,14,14,8]) -> (%y) {
+  %a = slice(%x) {sizes=[1, 11, 14, 8], starts=[0, 3, 0, 0], steps=[1, 1, 1, 1]} : f32[1,11,14,8]
+  %b = slice(%x) {sizes=[1, 3, 14, 8], starts=[0, 0, 0, 0], steps=[1, 1, 1, 1]} : f32[1,3,14,8]
+  %r = concat(%a, %b) {axis=1} : f32[1,14,14,8]
+  %s = reshape(%r) {shape=[1, 2, 7, 2, 7, 8]} : f32[1,2,7,2,7,8]
+  %t = transpose(%s) {perm=[0, 1, 3, 2, 4, 5]} : f32[1,2,2,7,7,8]
+  %w = reshape(%t) {shape=[4, 49, 8]} : f32[4,49,8]
+  %y = exp(%w) : f32[4,49,8]
+}""")
+    x = np.random.default_rng(0).standard_normal((1, 14, 14, 8)).astype(np.float32)
+    want = np.exp(np.roll(x, -3, axis=1).reshape(1, 2, 7, 2, 7, 8).transpose(0, 1, 3, 2, 4, 5)
+                  .reshape(4, 49, 8))
+    cg = compile_graph(g)
+    np.testing.assert_allclose(CpuStep(cg).run([x])[0], want, rtol=1e-6)
+    text = cg.llvm_ir
+    divisions = text.count(" udiv ") + text.count(" urem ")
+    assert divisions <= 8, divisions  # 18 through the whole offset (output loop: 4)

@@ -100,3 +100,42 @@ graph g(%s: f32[6,2,4,4]) -> (%y) {
     assert ops == ["add", "exp"], ops
     add = next(n for n in g.nodes if n.op == "add")
     assert add.inputs[0] is g.inputs[0] and add.inputs[1].shape == (6, 1, 4, 4)
+
+
+@pytest.mark.parametrize("limit, folded", [(96, True), (95, False)])
+def test_the_split_mask_bound_counts_what_is_written(monkeypatch, limit, folded):
+    """The repeated mask is [6, 1, 4, 4] = 96 elements (its window dim becomes the scores'
+    first dim; its head dim stays 1): the bound is on that, not on mask size x rows (Swin's
+    first stage, 64 windows of 49 x 49, was refused: 64 x 153664 counted, 153664 written)."""
+    from compiler.passes import sink
+    monkeypatch.setattr(sink, "SPLIT_CONSTANT_ELEMENTS", limit)
+    mask = RNG.standard_normal((1, 2, 1, 4, 4)).astype(np.float32)
+    g, _, _ = _after_passes("""
+graph g(%s: f32[6,2,4,4]) -> (%y) {
+  %m = const() {value=@m} : f32[1,2,1,4,4]
+  %r = reshape(%s) {shape=[3, 2, 2, 4, 4]} : f32[3,2,2,4,4]
+  %a = add(%r, %m) : f32[3,2,2,4,4]
+  %b = reshape(%a) {shape=[6, 2, 4, 4]} : f32[6,2,4,4]
+  %y = exp(%b) : f32[6,2,4,4]
+}""", {"m": mask})
+    ops = [n.op for n in g.nodes if n.op != "const"]
+    assert (ops == ["add", "exp"]) == folded, ops
+
+
+def test_a_bias_added_before_the_reshaped_product_fuses_too():
+    """The ONNX export of a Linear on [B, nW, N, C] writes Add(bias, reshape(MatMul)): add
+    lets its operands trade places, so the bias still lands in the GEMM's epilogue."""
+    text = """
+graph g(%x: f32[1,4,5,8]) -> (%y) {
+  %w = const() {value=@w} : f32[8,12]
+  %b = const() {value=@b} : f32[12]
+  %m = matmul(%x, %w) : f32[1,4,5,12]
+  %r = reshape(%m) {shape=[20, 12]} : f32[20,12]
+  %y = add(%b, %r) : f32[20,12]
+}"""
+    g, xs, want = _after_passes(text, {"w": W, "b": B})
+    kernels = plan(g).kernels
+    # the GEMM with the bias on its registers; the graph output's reshape is its own copy
+    assert [[n.op for n in k.nodes] for k in kernels] == [["matmul", "add"], ["reshape"]]
+    got = CpuStep(compile_graph(g), threads=1).run(xs)[0]
+    np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
