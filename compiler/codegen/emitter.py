@@ -47,6 +47,19 @@ def delinearize(b: ir.IRBuilder, off, shape: tuple) -> list:
     return idx[::-1]
 
 
+def reshape_kept_dims(src: tuple, dst: tuple) -> tuple[int, int]:
+    """(p, q): a reshape from `src` to `dst` keeps its first p and last q dims (equal
+    sizes at both ends, not overlapping in either shape), so their indices map to
+    themselves and the middle dims' product is the same on both sides."""
+    p = 0
+    while p < min(len(src), len(dst)) and src[p] == dst[p]:
+        p += 1
+    q = 0
+    while q < min(len(src), len(dst)) - p and src[-1 - q] == dst[-1 - q]:
+        q += 1
+    return p, q
+
+
 class ElementEmitter:
     """Emits elements of values for one kernel body (see the module docstring)."""
 
@@ -153,9 +166,15 @@ class ElementEmitter:
         return self.at(x, broadcast_index(idx, x.shape, n.outputs[0].shape))
 
     def _reshape(self, n, idx):
+        """Dims the reshape keeps at both ends pass their index through; only the middle
+        is linearized and split again (a channel shuffle over NHWC's last dim divides by
+        the group count, not by the whole image's size)."""
         x = n.inputs[0]
-        off = linear_index(self.b, idx, n.outputs[0].shape)
-        return self.at(x, delinearize(self.b, off, x.shape))
+        src, dst = tuple(x.shape), tuple(n.outputs[0].shape)
+        p, q = reshape_kept_dims(src, dst)
+        off = linear_index(self.b, idx[p:len(dst) - q], dst[p:len(dst) - q])
+        mid = delinearize(self.b, off, src[p:len(src) - q])
+        return self.at(x, list(idx[:p]) + mid + list(idx[len(dst) - q:]))
 
     def _transpose(self, n, idx):
         perm = n.attrs["perm"]

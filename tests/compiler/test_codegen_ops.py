@@ -206,6 +206,12 @@ def _movement_graph(dtype: str):
         g.op(combine, g.op("transpose", x, perm=(1, 0, 2)), one),
         g.op("reshape", x, shape=(8, 15)),
         g.op("reshape", g.op("transpose", x, perm=(0, 2, 1)), shape=(20, 6)),
+        # kept first and last dims around a split middle, and a channel shuffle
+        g.op("reshape", x, shape=(4, 2, 3, 5)),
+        g.op("reshape", g.op("transpose", g.op("reshape", x, shape=(4, 6, 5, 1)),
+                             perm=(0, 2, 1, 3)), shape=(4, 5, 6)),
+        g.op("reshape", g.op("transpose", g.op("reshape", x, shape=(4, 2, 3, 5)),
+                             perm=(0, 2, 1, 3)), shape=(4, 6, 5)),
         g.op("broadcast", g.op("slice", x, starts=(0, 1, 4), steps=(1, 2, 1),
                                sizes=(4, 3, 1)), shape=(2, 4, 3, 7)),
         g.op("slice", x, starts=(3, 5, 0), steps=(-1, -2, 2), sizes=(4, 3, 3)),
@@ -230,6 +236,16 @@ def test_movement_ops(dtype):
     g = _movement_graph(dtype)
     idx = rng.integers(-6, 5, (3, 2))
     check_graph(g, [data(dtype, (4, 6, 5), rng), idx])
+
+
+def test_reshape_keeps_the_dims_equal_at_both_ends():
+    from compiler.codegen.emitter import reshape_kept_dims
+
+    assert reshape_kept_dims((1, 6, 6, 8), (1, 6, 6, 2, 4)) == (3, 0)
+    assert reshape_kept_dims((4, 6, 5), (4, 2, 3, 5)) == (1, 1)
+    assert reshape_kept_dims((2, 1, 3), (2, 3)) == (1, 1)
+    assert reshape_kept_dims((3, 3), (3, 3)) == (2, 0)
+    assert reshape_kept_dims((6,), (2, 3)) == (0, 0)
 
 
 def test_constants_scalar_and_tensor():
