@@ -74,3 +74,18 @@ def test_no_layout_transpose_inside_the_network(model):
     # every concat is over NHWC's channels
     cats = [n for k in cg.kernels for n in k.nodes if n.op == "concat"]
     assert cats and all(n.attrs["axis"] == 3 for n in cats)
+
+
+def test_shuffle_units_copy_at_most_once_per_unit(model):
+    """Between the convs, a unit's split, concat and shuffle are loop kernels of movement
+    ops only: the downsampling unit's output is read by the next unit's conv through one
+    kernel, each stride-1 unit writes its shuffled output once (and its conv's half once
+    more: the conv reads a buffer of its own); the last shuffle runs inside the pooling."""
+    path, x = model
+    compiled = bridge.compile_onnx(path)
+    compiled(x)
+    cg = _compiled_graph(compiled)
+    loops = [k for k in cg.kernels if k.kind == "loop"][1:]  # after the image's pad
+    movement = {"concat", "reshape", "transpose", "slice"}
+    assert all({n.op for n in k.nodes} <= movement for k in loops)
+    assert len(loops) == 3
