@@ -13,6 +13,20 @@ assignment, for one choice of layout):
   reduce(T_first(a), axes)   -> T_first(reduce(a, T_first[axes]))  (keepdims)
   T_last(T_first(a))         -> a                                  (identities.py)
 
+Channel movement (ShuffleNet's split, concat and shuffle) keeps the layout too. A
+channels-first *view* is transpose(a, P) of a channels-last `a` = N,H,W,c1..ck whose
+P puts the k channel dims (in any order Q) after N and the spatial dims last; it is
+the view V(transpose(a, Q)) with V = (0, 3, ..., 2+k, 1, 2). Movement that keeps N
+and the spatial dims and only touches channel dims moves inside the view:
+
+  concat(V(a), V(b), channel axis)       -> V(concat(a, b, that channel axis))
+  slice(V(a))                            -> V(slice(a, the same ranges permuted))
+  reshape(V(a), N,d1..dm,H,W)            -> V'(reshape(a, N,H,W,d1..dm))
+  (a transpose of channel dims composes into P: identities.py)
+
+so a channel shuffle, reshape(transpose(reshape(x, N,g,C/g,H,W))), becomes the same
+three ops over the last dims of the NHWC value and the transposes around it cancel.
+
 A ResNet is then one transpose of the image in, and the pooled features out
 (where the transpose only moves 1-sized dims: a reshape). The pass runs for a
 target, before clustering (compiler/driver.py, TARGET_PASSES), not in the generic pipeline:
@@ -58,6 +72,114 @@ def _is_first(v: Value) -> bool:
         return False
     perm = tuple(p.attrs["perm"])
     return len(perm) in RANKS and perm == to_first(len(perm))
+
+
+def _channel_view(v: Value) -> tuple | None:
+    """(a, s, q) if v = transpose(a, P) is a channels-first view of a channels-last `a`
+    (module doc): s spatial dims, q the order P takes a's channel dims in (a's dim
+    numbers, each > s); None otherwise. Only 2-d images (s = 2, rank >= 4): a rank-4
+    perm then reads one way only."""
+    p = v.producer
+    if p is None or p.op != "transpose":
+        return None
+    perm = tuple(p.attrs["perm"])
+    rank = len(perm)
+    if rank < 4:  # 1-d windows' (0, 2, 1) is every rank-3 swap (a transformer's too)
+        return None
+    s = 2
+    k = rank - 1 - s
+    q = perm[1:1 + k]
+    if perm[0] != 0 or perm[1 + k:] != tuple(range(1, s + 1)) \
+            or sorted(q) != list(range(s + 1, rank)):
+        return None
+    return p.inputs[0], s, q
+
+
+def _view_perm(rank: int, s: int) -> tuple:
+    """V: N,spatial(s),c1..ck -> N,c1..ck,spatial."""
+    return (0,) + tuple(range(s + 1, rank)) + tuple(range(1, s + 1))
+
+
+def _inner(graph: Graph, at: int, a: Value, s: int, q: tuple) -> tuple[Value, int]:
+    """transpose(a, (0..s, q)) inserted at `at` (a itself when q is in order), and the
+    next free index."""
+    perm = tuple(range(s + 1)) + q
+    if perm == tuple(range(len(perm))):
+        return a, at
+    return graph.add_node("transpose", [a], {"perm": perm}, index=at).output, at + 1
+
+
+def _view(graph: Graph, at: int, y: Value, s: int) -> Value:
+    return graph.add_node("transpose", [y], {"perm": _view_perm(len(y.shape), s)},
+                          index=at).output
+
+
+def _check_view_concat(node: Node, ctx: Context):
+    views = [_channel_view(u) for u in node.inputs]
+    if any(v is None for v in views):
+        return "an operand is not a channels-last value seen channels-first"
+    s, q = views[0][1], views[0][2]
+    if any((v[1], v[2]) != (s, q) for v in views):
+        return "the operands are seen through different transposes"
+    axis = node.attrs["axis"]
+    if not 1 <= axis <= len(q):
+        return "not a concat over channels"
+    return views
+
+
+def _rewrite_view_concat(graph: Graph, node: Node, views) -> Value:
+    s, q = views[0][1], views[0][2]
+    at = graph.nodes.index(node)
+    ins = []
+    for a, _, _ in views:
+        x, at = _inner(graph, at, a, s, q)
+        ins.append(x)
+    y = graph.add_node("concat", ins, {"axis": s + node.attrs["axis"]}, name=node.name,
+                       index=at).output
+    return _view(graph, at + 1, y, s)
+
+
+def _check_view_slice(node: Node, ctx: Context):
+    return _channel_view(node.inputs[0]) or \
+        "the operand is not a channels-last value seen channels-first"
+
+
+def _rewrite_view_slice(graph: Graph, node: Node, view) -> Value:
+    a, s, q = view
+    at = graph.nodes.index(node)
+    x, at = _inner(graph, at, a, s, q)
+    order = _view_perm(len(a.shape), s)  # view dim i is x's dim order[i]
+    attrs = {}
+    for key in ("starts", "steps", "sizes"):
+        vals = [0] * len(order)
+        for i, d in enumerate(order):
+            vals[d] = node.attrs[key][i]
+        attrs[key] = tuple(vals)
+    y = graph.add_node("slice", [x], attrs, name=node.name, index=at).output
+    return _view(graph, at + 1, y, s)
+
+
+def _check_view_reshape(node: Node, ctx: Context):
+    view = _channel_view(node.inputs[0])
+    if view is None:
+        return "the operand is not a channels-last value seen channels-first"
+    _, s, _ = view
+    src, dst = node.inputs[0].shape, tuple(node.attrs["shape"])
+    rank = len(dst)
+    if rank < 4 or dst[0] != src[0] or dst[rank - s:] != src[len(src) - s:]:
+        return "the reshape moves N or the spatial dims"
+    return view
+
+
+def _rewrite_view_reshape(graph: Graph, node: Node, view) -> Value:
+    a, s, q = view
+    at = graph.nodes.index(node)
+    x, at = _inner(graph, at, a, s, q)
+    dst = tuple(node.attrs["shape"])
+    rank = len(dst)
+    shape = (dst[0],) + dst[rank - s:] + dst[1:rank - s]
+    y = graph.add_node("reshape", [x], {"shape": shape}, name=node.name, index=at).output
+    return _view(graph, at + 1, y, s)
 
 
 def _check_convert(eligible: Callable[[Node], str | None]):
@@ -157,6 +279,10 @@ def channels_last(graph: Graph, eligible: Callable[[Node], str | None]) -> bool:
              _rewrite_sink_elementwise),
         Rule("sink_transpose_reduce", frozenset(REDUCTIONS), _check_sink_reduce,
              _rewrite_sink_reduce),
+        Rule("view_concat", frozenset({"concat"}), _check_view_concat, _rewrite_view_concat),
+        Rule("view_slice", frozenset({"slice"}), _check_view_slice, _rewrite_view_slice),
+        Rule("view_reshape", frozenset({"reshape"}), _check_view_reshape,
+             _rewrite_view_reshape),
     ]
     changed = False
     for _ in range(MAX_ROUNDS):

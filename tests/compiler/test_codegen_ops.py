@@ -206,6 +206,12 @@ def _movement_graph(dtype: str):
         g.op(combine, g.op("transpose", x, perm=(1, 0, 2)), one),
         g.op("reshape", x, shape=(8, 15)),
         g.op("reshape", g.op("transpose", x, perm=(0, 2, 1)), shape=(20, 6)),
+        # kept first and last dims around a split middle, and a channel shuffle
+        g.op("reshape", x, shape=(4, 2, 3, 5)),
+        g.op("reshape", g.op("transpose", g.op("reshape", x, shape=(4, 6, 5, 1)),
+                             perm=(0, 2, 1, 3)), shape=(4, 5, 6)),
+        g.op("reshape", g.op("transpose", g.op("reshape", x, shape=(4, 2, 3, 5)),
+                             perm=(0, 2, 1, 3)), shape=(4, 6, 5)),
         g.op("broadcast", g.op("slice", x, starts=(0, 1, 4), steps=(1, 2, 1),
                                sizes=(4, 3, 1)), shape=(2, 4, 3, 7)),
         g.op("slice", x, starts=(3, 5, 0), steps=(-1, -2, 2), sizes=(4, 3, 3)),
@@ -230,6 +236,16 @@ def test_movement_ops(dtype):
     g = _movement_graph(dtype)
     idx = rng.integers(-6, 5, (3, 2))
     check_graph(g, [data(dtype, (4, 6, 5), rng), idx])
+
+
+def test_reshape_passes_the_channel_dims_of_a_shuffle_through():
+    """A channel shuffle over NHWC's last dim splits only C: N, H and W are groups of
+    their own, so their indices pass through (compiler/codegen/emitter.reshape_groups)."""
+    from compiler.codegen.emitter import reshape_groups
+
+    groups = reshape_groups((1, 6, 6, 8), (1, 6, 6, 2, 4))
+    assert groups[:3] == [((0, 1), (0, 1)), ((1, 2), (1, 2)), ((2, 3), (2, 3))]
+    assert groups[3] == ((3, 4), (3, 5))
 
 
 def test_constants_scalar_and_tensor():

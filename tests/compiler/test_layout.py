@@ -97,3 +97,69 @@ graph stem(%x: f32[1,3,8,8]) -> (%y) {
     conv = next(n for n in g.nodes if n.op == "conv")
     assert conv.inputs[0].producer.op == "pad" and not any(conv.attrs["pads"])
     np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-5, atol=1e-5)
+
+
+# A ShuffleNet v2 unit seen by the importer: a conv's channels split in two (slice),
+# a 1x1 conv on one half, the halves concatenated and shuffled (reshape to groups,
+# swap, reshape back), then split again for the next unit's conv.
+W3 = RNG.standard_normal((4, 4, 1, 1)).astype(np.float32)
+SHUFFLE = """
+graph unit(%x: f32[1,4,6,6]) -> (%y, %p) {
+  %w1 = const() {value=@w1} : f32[8,4,3,3]
+  %w3 = const() {value=@w3} : f32[4,4,1,1]
+  %c = conv(%x, %w1) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1} : f32[1,8,6,6]
+  %a = slice(%c) {starts=[0, 0, 0, 0], steps=[1, 1, 1, 1], sizes=[1, 4, 6, 6]} : f32[1,4,6,6]
+  %b = slice(%c) {starts=[0, 4, 0, 0], steps=[1, 1, 1, 1], sizes=[1, 4, 6, 6]} : f32[1,4,6,6]
+  %fb = conv(%b, %w3) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1} : f32[1,4,6,6]
+  %cat = concat(%a, %fb) {axis=1} : f32[1,8,6,6]
+  %g = reshape(%cat) {shape=[1, 2, 4, 6, 6]} : f32[1,2,4,6,6]
+  %t = transpose(%g) {perm=[0, 2, 1, 3, 4]} : f32[1,4,2,6,6]
+  %s = reshape(%t) {shape=[1, 8, 6, 6]} : f32[1,8,6,6]
+  %p = slice(%s) {starts=[0, 0, 0, 0], steps=[1, 1, 1, 1], sizes=[1, 4, 6, 6]} : f32[1,4,6,6]
+  %q = slice(%s) {starts=[0, 4, 0, 0], steps=[1, 1, 1, 1], sizes=[1, 4, 6, 6]} : f32[1,4,6,6]
+  %y = conv(%q, %w3) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1} : f32[1,4,6,6]
+}
+"""
+
+
+def _shuffle():
+    return parse_graph(SHUFFLE, {"w1": W1, "w3": W3})
+
+
+def test_channel_split_concat_and_shuffle_stay_channels_last():
+    g = _shuffle()
+    assert channels_last(g, channels_last_refusal)
+    verify(g)
+    # one transpose in, one per output (the graph's edges), and the shuffle's own swap
+    # of its two channel dims: no layout change around the movement ops
+    perms = sorted(tuple(n.attrs["perm"]) for n in g.nodes if n.op == "transpose")
+    assert perms == [(0, 1, 2, 4, 3), (0, 2, 3, 1), (0, 3, 1, 2), (0, 3, 1, 2)]
+    cat = next(n for n in g.nodes if n.op == "concat")
+    assert cat.attrs["axis"] == 3  # over NHWC's channels
+    shuffle = next(n for n in g.nodes if n.op == "reshape" and len(n.outputs[0].shape) == 5)
+    assert shuffle.outputs[0].shape == (1, 6, 6, 2, 4)
+
+
+def test_channel_shuffle_numbers_are_unchanged():
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = evaluate(_shuffle(), [x])
+    g = _shuffle()
+    channels_last(g, channels_last_refusal)
+    for a, b in zip(evaluate(g, [x]), want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_reshape_that_moves_spatial_dims_keeps_its_transpose():
+    g = parse_graph("""
+graph flat(%x: f32[1,4,6,6]) -> (%y) {
+  %w1 = const() {value=@w1} : f32[8,4,3,3]
+  %c = conv(%x, %w1) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1} : f32[1,8,6,6]
+  %y = reshape(%c) {shape=[1, 8, 36, 1]} : f32[1,8,36,1]
+}
+""", {"w1": W1})
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = evaluate(g, [x])[0]
+    channels_last(g, channels_last_refusal)
+    reshape = next(n for n in g.nodes if n.op == "reshape")
+    assert reshape.inputs[0].producer.op == "transpose"  # read in NCHW, as written
+    np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-5, atol=1e-5)
