@@ -157,6 +157,7 @@ class Result:
     reason: str | None = None
     compile_s: float | None = None
     max_rel_err: float | None = None
+    err_vs_fp64: float | None = None  # max rel err against a float64 reference, if given
     samples_ms: list[float] = field(default_factory=list)
 
     @property
@@ -183,7 +184,8 @@ class Result:
     def to_dict(self) -> dict:
         return {"runtime": self.runtime, "stock": self.stock, "status": self.status,
                 "reason": self.reason, "compile_s": self.compile_s,
-                "max_rel_err": self.max_rel_err, **self.stats(),
+                "max_rel_err": self.max_rel_err, "err_vs_fp64": self.err_vs_fp64,
+                **self.stats(),
                 "samples_ms": list(self.samples_ms)}
 
 
@@ -274,14 +276,18 @@ def set_up(rt: Runtime, case: str) -> tuple[Callable | None, Result, list | None
     return fn, result, outputs
 
 
-def check_errors(results: list[Result], outputs: dict, reference: str) -> None:
-    """Fill max_rel_err against the reference runtime's outputs, where both exist."""
+def check_errors(results: list[Result], outputs: dict, reference: str,
+                 fp64: list[np.ndarray] | None = None) -> None:
+    """Fill max_rel_err against the reference runtime's outputs, where both exist, and
+    err_vs_fp64 against `fp64` (the model run in float64), when given."""
     ref = outputs.get(reference)
     for r in results:
         if not r.ok or ref is None:
             continue
         try:
             r.max_rel_err = max_rel_err(outputs[r.runtime], ref)
+            if fp64 is not None:
+                r.err_vs_fp64 = max_rel_err(outputs[r.runtime], fp64)
         except ValueError as exc:
             r.fail(f"wrong outputs: {exc}")
 
@@ -338,8 +344,10 @@ def time_one(name: str, fns: dict, results: dict, settings: Settings) -> None:
 
 
 def measure(case: str, runtimes: list[Runtime], settings: Settings,
-            reference: str = "torch eager", unit: str = "ms") -> dict:
-    """Set up, check, warm up and time `runtimes` on one case; returns the case's dict."""
+            reference: str = "torch eager", unit: str = "ms",
+            fp64: list[np.ndarray] | None = None) -> dict:
+    """Set up, check, warm up and time `runtimes` on one case; returns the case's dict.
+    `fp64`, if given, is the case's outputs computed in float64 (see check_errors)."""
     import torch
 
     with torch.no_grad():
@@ -349,7 +357,7 @@ def measure(case: str, runtimes: list[Runtime], settings: Settings,
             results[rt.name] = result
             if fn is not None:
                 fns[rt.name], outputs[rt.name] = fn, out
-        check_errors(list(results.values()), outputs, reference)
+        check_errors(list(results.values()), outputs, reference, fp64)
         fns = {n: f for n, f in fns.items() if results[n].ok}
         outputs.clear()
         warm_up(fns, results, settings, case)

@@ -20,9 +20,10 @@ Multiplies per output: alpha^2 / m^2 * Cin per co (4 for F(2x2), 2.25 for F(4x4)
 against 9 * Cin directly. The transforms cost adds and memory traffic, so this pays
 where Cin is large enough and the image has several tiles (`refusal`); F(4x4)'s
 transformed weight is 4x the filter, so `tile_size` picks m per conv. Rounding:
-F(2x2)'s matrices hold 0, +-1 and +-1/2 only (a few ulps); F(4x4)'s hold 1/6, 1/24 and
-entries up to 8 (errors ~10x larger; max rel error ~1e-5 on one ResNet-shaped conv,
-~1e-6 over all of ResNet-50 against onnxruntime).
+F(2x2)'s matrices hold 0, +-1 and +-1/2 only (errors as a direct conv's); F(4x4)'s hold
+entries up to 8 and down to 1/8, and amplify the rounding of the per-position GEMMs:
+with the interpolation points chosen for accuracy (`TRANSFORMS`) a conv's max rel error
+against float64 is ~3-8x a direct conv's (Lavin & Gray's points: ~10-20x).
 """
 
 from __future__ import annotations
@@ -80,39 +81,46 @@ def _at2(ops, x):
 
 
 def _bt4(ops, x):
-    s12, d12 = ops.add(x[1], x[2]), ops.sub(x[1], x[2])
-    s34, d43 = ops.add(x[3], x[4]), ops.sub(x[4], x[3])
-    d31, d42 = ops.sub(x[3], x[1]), ops.sub(x[4], x[2])
-    return [ops.axpy(4.0, x[0], ops.axpy(-5.0, x[2], x[4])),
-            ops.axpy(-4.0, s12, s34),
-            ops.axpy(4.0, d12, d43),
-            ops.axpy(2.0, d31, d42),
-            ops.axpy(-2.0, d31, d42),
-            ops.axpy(4.0, x[1], ops.axpy(-5.0, x[3], x[5]))]
+    d13, d42 = ops.sub(x[1], x[3]), ops.sub(x[4], x[2])
+    return [ops.axpy(-1.5, d13, ops.axpy(-2.0, x[2], ops.add(x[0], x[4]))),
+            ops.axpy(5.0, x[3], ops.axpy(2.0, ops.sub(x[4], x[1]), x[2])),
+            ops.axpy(-5.0, x[2], ops.axpy(2.0, ops.add(x[1], x[4]), x[3])),
+            ops.axpy(-2.0, d13, d42),
+            ops.axpy(2.0, d42, d13),
+            ops.axpy(1.5, d42, ops.axpy(-2.0, x[3], ops.add(x[1], x[5])))]
 
 
 def _at4(ops, x):
     s12, d12 = ops.add(x[1], x[2]), ops.sub(x[1], x[2])
-    s34, d34 = ops.add(x[3], x[4]), ops.sub(x[3], x[4])
-    return [ops.add(ops.add(x[0], s12), s34),
-            ops.axpy(2.0, d34, d12),
-            ops.axpy(4.0, s34, s12),
-            ops.add(ops.axpy(8.0, d34, d12), x[5])]
+    return [ops.add(ops.add(x[0], s12), ops.add(x[3], x[4])),
+            ops.axpy(0.5, x[3], ops.axpy(-2.0, x[4], d12)),
+            ops.axpy(0.25, x[3], ops.axpy(4.0, x[4], s12)),
+            ops.add(ops.axpy(0.125, x[3], ops.axpy(-8.0, x[4], d12)), x[5])]
 
 
-# Lavin & Gray's matrices (interpolation points 0, 1, -1 and infinity; F(4x4) adds 2, -2).
+# F(2x2): Lavin & Gray's matrices (interpolation points 0, 1, -1 and infinity).
+# F(4x4): points 0, 1, -1, 1/2, -2 and infinity, not Lavin & Gray's symmetric 0, +-1,
+# +-2: their transforms hold the same kind of entries (B^T up to 5, A^T's column of -2
+# up to 8, A^T's column of 1/2 down to 1/8, G's 1/6, 1/15, 1/30 applied in float64), but
+# the pair 1/2, -2 balances A^T's large and small columns, and the rounding of the
+# per-position GEMMs (which dominates, as A^T amplifies it) shrinks 2-3x: max rel error
+# against a float64 conv on 14..56-pixel, 32..448-channel maps 1.3e-6..4.3e-6, Lavin &
+# Gray's 3.1e-6..9.6e-6 (direct conv: ~4e-7; F(2x2) likewise). Barabasz et al., "Error
+# analysis and improving the accuracy of Winograd convolution for deep neural networks"
+# (2020), found the same points best for F(4, 3). Rows of B^T and G are scaled by powers
+# of two (exact) so that B^T holds small integers and halves.
 TRANSFORMS = {
     2: Transform(2,
                  [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
                  [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
                  [[1, 1, 1, 0], [0, 1, -1, -1]], _bt2, _at2),
     4: Transform(4,
-                 [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
-                  [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
-                 [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
-                  [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
-                 [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
-                  [0, 1, -1, 8, -8, 1]], _bt4, _at4),
+                 [[1, -1.5, -2, 1.5, 1, 0], [0, -2, 1, 5, 2, 0], [0, 2, -5, 1, 2, 0],
+                  [0, -2, -1, 2, 1, 0], [0, 1, -2, -1, 2, 0], [0, 1, -1.5, -2, 1.5, 1]],
+                 [[1, 0, 0], [1 / 6, 1 / 6, 1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                  [-16 / 15, -8 / 15, -4 / 15], [1 / 30, -1 / 15, 2 / 15], [0, 0, 1]],
+                 [[1, 1, 1, 1, 1, 0], [0, 1, -1, 0.5, -2, 0], [0, 1, 1, 0.25, 4, 0],
+                  [0, 1, -1, 0.125, -8, 1]], _bt4, _at4),
 }
 
 

@@ -28,12 +28,32 @@ def test_calibrated_batchnorm_has_data_statistics():
 
 
 def test_fp32_noise_is_small_and_positive():
+    """The noise is eager fp32 against the same weights run in float64 (the module
+    itself stays float32), max |x - ref| / max |ref|."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
                               torch.nn.Linear(64, 8)).eval()
     x = np.random.default_rng(0).standard_normal((2, 64), dtype=np.float32)
-    noise = zoo.fp32_noise(net, [x])
+    ref = zoo.fp64_reference(net, [x])
+    assert ref[0].dtype == np.float64 and net[0].weight.dtype == torch.float32
+    noise = zoo.fp32_noise(net, [x], ref)
     assert 0 < noise < 1e-5
+    with torch.no_grad():
+        got = net(torch.from_numpy(x)).double().numpy()
+    assert noise == np.abs(got - ref[0]).max() / np.abs(ref[0]).max()
+    assert zoo.fp32_noise(net, [x], None) is None
+
+
+def test_errors_against_eager_and_float64():
+    """check_errors fills both columns for every runtime that ran."""
+    from benchmarks import common
+
+    ref32, ref64 = [np.array([1.0, -2.0], np.float32)], [np.array([1.0, -2.0])]
+    r = common.Result("braze (compile_onnx)", stock=False)
+    outputs = {"torch eager": ref32, r.runtime: [np.array([1.0, -2.5], np.float32)]}
+    common.check_errors([r], outputs, "torch eager", ref64)
+    assert r.max_rel_err == 0.25 and r.err_vs_fp64 == 0.25
+    assert r.to_dict()["err_vs_fp64"] == 0.25
 
 
 def _result(name, stock, median, err=1e-7, compile_s=1.0):
@@ -48,6 +68,7 @@ def test_table_ratios_are_to_the_fastest_stock_runtime():
         _result("braze (compile_onnx)", False, 2.0)]}
     row = zoo.model_row(case)
     assert row[1] == "2.00 (0.50x)" and row[2] == "3.00 (0.75x)"
+    assert row[-3] == "1.0e-07 / 1.0e-07" and row[-2] == "- / -" and row[-1] == "1.0e-07"
     line = zoo.geomean_line([case, dict(case, case="n")])
     assert "braze (compile_onnx): 0.50x over 2 models" in line
 
