@@ -255,6 +255,8 @@ class _Importer:
         used = frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
         cx = Ctx(self.graph, node.name, target, val, used)
         cx.arg_vals = [self.val(a) if isinstance(a, torch.fx.Node) else None for a in node.args]
+        cx.readers = [(u.target, u.meta.get("val") if self.vals is None else self.vals.get(u))
+                      for u in node.users]
         out = CONVERTERS[target](cx, *args, **kwargs)
         _check_types(node, out, val)
         return out

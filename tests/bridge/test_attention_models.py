@@ -137,3 +137,44 @@ def test_transformer_encoder_attention_is_fused():
     got, = cm(in0=x.numpy())
     want, = _ort(model, {"in0": x.numpy()})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _WindowAttention(torch.nn.Module):
+    """Swin's attention written out: 4-d q @ k^T (aten: view, bmm, view), scale, an
+    additive per-head bias, softmax, @ v."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.bias = torch.nn.Parameter(torch.randn(1, heads, 16, 16))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.qkv(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        s = (q * (c // self.heads) ** -0.5) @ k.transpose(-2, -1) + self.bias
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+def _clusters_text(tmp_path) -> str:
+    return "".join(p.read_text() for p in tmp_path.glob("*clusters*"))
+
+
+def test_torch_compile_written_out_attention_is_fused_as_from_onnx(tmp_path):
+    """The fx import of a batched q @ k^T (bmm between batch-merging views) reaches the
+    attention pass as the ONNX import does: one attention node each."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mod = _WindowAttention().eval()
+    x = torch.randn(4, 16, 32)
+    cm = bridge.compile_onnx(_export(mod, (x,)), allow_fallback=False)
+    assert "attention" in cm.explain()
+    compiled = torch.compile(mod, backend="braze", options={
+        "allow_fallback": False, "strict": True, "dump_dir": str(tmp_path)})
+    with torch.no_grad():
+        got = compiled(x)
+        want = mod(x)
+    text = _clusters_text(tmp_path)
+    assert "attention" in text and "reduce_max" not in text
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)

@@ -154,3 +154,21 @@ def test_an_unconverted_op_on_a_run_time_value_still_runs_on_torch():
     _, imp = _import(lambda x: torch.cumsum(x, 0) + torch.cumsum(torch.ones(4, 6), 1), x)
     hosts = [n for n in imp.graph.nodes if n.op == "host"]
     assert len(hosts) == 1 and hosts[0].inputs[0] is imp.graph.inputs[0]
+
+
+def test_bmm_of_merged_batch_dims_is_the_n_d_matmul():
+    """aten writes a 4-d matmul as view, bmm, view: the import holds the 4-d matmul."""
+    a, b = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 4, 6)
+    _, imp = _import(lambda a, b: torch.relu(a @ b), a, b)
+    verify(imp.graph)
+    (mm,) = [n for n in imp.graph.nodes if n.op == "matmul"]
+    assert mm.outputs[0].shape == (2, 3, 5, 6)
+    np.testing.assert_allclose(_run(imp, [a, b])[0], torch.relu(a @ b).numpy(), rtol=1e-5)
+
+
+def test_bmm_read_as_merged_batch_stays_3_d():
+    a, b = torch.randn(6, 5, 4), torch.randn(6, 4, 3)
+    _, imp = _import(lambda a, b: torch.bmm(a, b) + 1, a, b)
+    (mm,) = [n for n in imp.graph.nodes if n.op == "matmul"]
+    assert mm.outputs[0].shape == (6, 5, 3)
+    np.testing.assert_allclose(_run(imp, [a, b])[0], (torch.bmm(a, b) + 1).numpy(), rtol=1e-5)
