@@ -26,7 +26,7 @@ import torch.fx
 
 from compiler.errors import CompileError
 from compiler.ir import Graph, IRError, TensorType, Value
-from importers import fx_elementwise, fx_movement, fx_nn  # noqa: F401  (fill the table)
+from importers import fx_elementwise, fx_movement, fx_nn, fx_transformer  # noqa: F401 (the table)
 from importers.fx_context import CONVERTERS, SEEDED_CHECKED, Ctx, Fallback, tensor_type
 
 log = logging.getLogger("braze")

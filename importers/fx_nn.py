@@ -285,16 +285,20 @@ def _affine(cx: Ctx, y, w, b, shape_fn):
 
 @converts(aten.native_layer_norm.default)
 def _layer_norm(cx: Ctx, x, normalized_shape, w, b, eps):
+    y, mu, rstd = layer_norm(cx, x, len(normalized_shape), w, b, eps)
+    return y, cx.cast(mu, cx.out(1).dtype), cx.cast(rstd, cx.out(2).dtype)
+
+
+def layer_norm(cx: Ctx, x, k: int, w, b, eps: float):
+    """(y, mean, rstd) of layer norm over x's last k dims (w, b: None or Values)."""
     if x.dtype not in dtypes.FLOATS:
         raise Fallback(f"layer norm of {x.dtype}")
-    k = len(normalized_shape)
     axes = tuple(range(x.type.rank - k, x.type.rank))
     mu = mean(cx, x, axes)
     d = cx.op("sub", x, mu)
     var = mean(cx, cx.op("mul", d, d), axes)
     rstd = cx.op("reciprocal", cx.op("sqrt", cx.op("add", var, cx.scalar(eps, x.dtype))))
-    y = _affine(cx, cx.op("mul", d, rstd), w, b, lambda v: v)
-    return y, cx.cast(mu, cx.out(1).dtype), cx.cast(rstd, cx.out(2).dtype)
+    return _affine(cx, cx.op("mul", d, rstd), w, b, lambda v: v), mu, rstd
 
 
 @converts(aten._native_batch_norm_legit_no_training.default)

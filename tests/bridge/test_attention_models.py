@@ -178,3 +178,36 @@ def test_torch_compile_written_out_attention_is_fused_as_from_onnx(tmp_path):
     text = _clusters_text(tmp_path)
     assert "attention" in text and "reduce_max" not in text
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+
+
+def _fast_path_compiled(mod, x, tmp_path):
+    """mod(x) under torch.compile(backend="braze") with torch's MHA fast path on: the
+    result, eager's, and the clusters dumped."""
+    torch._dynamo.reset()
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(True)
+    try:
+        compiled = torch.compile(mod, backend="braze", options={
+            "allow_fallback": False, "strict": True, "dump_dir": str(tmp_path)})
+        with torch.no_grad():
+            return compiled(x), mod(x), _clusters_text(tmp_path)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
+@pytest.mark.parametrize("activation,norm_first", [("relu", False), ("gelu", True)])
+def test_fast_path_encoder_layers_are_written_out(activation, norm_first, tmp_path):
+    """aten._transformer_encoder_layer_fwd (the eval fast path) becomes matmuls, layer
+    norms and one attention node per layer, as the ONNX export of the same model does
+    (no host node: allow_fallback=False)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True,
+                                             activation=activation, norm_first=norm_first)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 24, 64)
+    got, want, clusters = _fast_path_compiled(enc, x, tmp_path)
+    import_ir = "".join(p.read_text() for p in tmp_path.glob("*import.ir"))
+    assert "_transformer_encoder_layer_fwd" in import_ir  # the fast path was taken
+    assert "host" not in clusters and "attention x2" in clusters
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+

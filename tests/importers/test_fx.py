@@ -172,3 +172,40 @@ def test_bmm_read_as_merged_batch_stays_3_d():
     (mm,) = [n for n in imp.graph.nodes if n.op == "matmul"]
     assert mm.outputs[0].shape == (6, 5, 3)
     np.testing.assert_allclose(_run(imp, [a, b])[0], (torch.bmm(a, b) + 1).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_native_multi_head_attention_is_written_out(self_attention):
+    """aten._native_multi_head_attention (nn.MultiheadAttention's fast path): projections,
+    one attention node, the output projection; no host node."""
+    g = torch.Generator().manual_seed(0)
+    e, h = 32, 4
+    w_qkv, b_qkv = torch.randn(3 * e, e, generator=g) * 0.2, torch.randn(3 * e, generator=g)
+    w_o, b_o = torch.randn(e, e, generator=g) * 0.2, torch.randn(e, generator=g)
+    q, kv = torch.randn(2, 10, e, generator=g), torch.randn(2, 10, e, generator=g)
+
+    def mha(q, kv):
+        k = q if self_attention else kv
+        return aten._native_multi_head_attention(q, k, k, e, h, w_qkv, b_qkv, w_o, b_o,
+                                                 need_weights=False)[0]
+
+    _, imp = _import(mha, q, kv)
+    verify(imp.graph)
+    ops = [n.op for n in imp.graph.nodes]
+    assert "host" not in ops and ops.count("attention") == 1
+    assert ops.count("matmul") == (2 if self_attention else 4)
+    np.testing.assert_allclose(_run(imp, [q, kv])[0], mha(q, kv).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_attention_with_a_mask_stays_on_torch():
+    e = 8
+    w, b = torch.randn(3 * e, e), torch.randn(3 * e)
+    q, mask = torch.randn(1, 5, e), torch.zeros(5, 5, dtype=torch.bool)
+
+    def mha(q, mask):
+        return aten._native_multi_head_attention(q, q, q, e, 2, w, b, w[:e], b[:e], mask,
+                                                 need_weights=False, mask_type=0)[0]
+
+    _, imp = _import(mha, q, mask)
+    (host,) = [n for n in imp.graph.nodes if n.op == "host"]
+    assert "mask" in host.attrs["reason"]
