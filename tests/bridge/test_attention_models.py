@@ -177,6 +177,9 @@ def test_torch_compile_written_out_attention_is_fused_as_from_onnx(tmp_path):
         want = mod(x)
     text = _clusters_text(tmp_path)
     assert "attention" in text and "reduce_max" not in text
+    # q's scale (applied before aten's batch-merging view) is the node's scale
+    opt = "".join(p.read_text() for p in tmp_path.glob("*opt.ir"))
+    assert "scale=0.25" in opt and " mul(" not in opt
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
 
 
