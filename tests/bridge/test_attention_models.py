@@ -213,4 +213,12 @@ def test_fast_path_encoder_layers_are_written_out(activation, norm_first, tmp_pa
     assert "_transformer_encoder_layer_fwd" in import_ir  # the fast path was taken
     assert "host" not in clusters and "attention x2" in clusters
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # no more kernels than the ONNX export's (which torch writes with the fast path off,
+    # and with two more transposes: it runs the layers sequence-first at batch > 1)
+    from bridge.onnx_api import explain_onnx
+
+    torch_kernels = "".join(p.read_text() for p in tmp_path.glob("*kernels.txt"))
+    onnx_kernels = explain_onnx(_export(enc, (x,)), {"in0": tuple(x.shape)}, kernels=True)
+    assert torch_kernels.count("  kernel ") <= onnx_kernels.count("  kernel ")
+    assert torch_kernels.count("attention [") == onnx_kernels.count("attention [") == 2
 

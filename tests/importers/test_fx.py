@@ -163,7 +163,8 @@ def test_bmm_of_merged_batch_dims_is_the_n_d_matmul():
     verify(imp.graph)
     (mm,) = [n for n in imp.graph.nodes if n.op == "matmul"]
     assert mm.outputs[0].shape == (2, 3, 5, 6)
-    np.testing.assert_allclose(_run(imp, [a, b])[0], torch.relu(a @ b).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(_run(imp, [a, b])[0], torch.relu(a @ b).numpy(), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_bmm_read_as_merged_batch_stays_3_d():
@@ -171,7 +172,8 @@ def test_bmm_read_as_merged_batch_stays_3_d():
     _, imp = _import(lambda a, b: torch.bmm(a, b) + 1, a, b)
     (mm,) = [n for n in imp.graph.nodes if n.op == "matmul"]
     assert mm.outputs[0].shape == (6, 5, 3)
-    np.testing.assert_allclose(_run(imp, [a, b])[0], (torch.bmm(a, b) + 1).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(_run(imp, [a, b])[0], (torch.bmm(a, b) + 1).numpy(), rtol=1e-5,
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("self_attention", [True, False])
@@ -209,3 +211,13 @@ def test_multi_head_attention_with_a_mask_stays_on_torch():
     _, imp = _import(mha, q, mask)
     (host,) = [n for n in imp.graph.nodes if n.op == "host"]
     assert "mask" in host.attrs["reason"]
+
+
+def test_select_is_a_gather_of_one_index_as_onnx_writes_it():
+    x = torch.randn(3, 4, 5)
+    _, imp = _import(lambda x: x[2] + x.select(1, -1).sum(), x)
+    verify(imp.graph)
+    ops = [n.op for n in imp.graph.nodes]
+    assert ops.count("gather") == 2 and "slice" not in ops
+    np.testing.assert_allclose(_run(imp, [x])[0], (x[2] + x.select(1, -1).sum()).numpy(),
+                               rtol=1e-5, atol=1e-5)
