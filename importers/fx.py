@@ -26,7 +26,8 @@ import torch.fx
 
 from compiler.errors import CompileError
 from compiler.ir import Graph, IRError, TensorType, Value
-from importers import fx_elementwise, fx_movement, fx_nn, fx_rnn  # noqa: F401  (fill the table)
+from importers import (  # noqa: F401  (fill the table)
+    fx_elementwise, fx_movement, fx_nn, fx_rnn, fx_transformer)
 from importers.fx_context import CONVERTERS, SEEDED_CHECKED, Ctx, Fallback, tensor_type
 
 log = logging.getLogger("braze")
@@ -255,6 +256,8 @@ class _Importer:
         used = frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
         cx = Ctx(self.graph, node.name, target, val, used)
         cx.arg_vals = [self.val(a) if isinstance(a, torch.fx.Node) else None for a in node.args]
+        cx.readers = [(u.target, u.meta.get("val") if self.vals is None else self.vals.get(u))
+                      for u in node.users]
         out = CONVERTERS[target](cx, *args, **kwargs)
         _check_types(node, out, val)
         return out

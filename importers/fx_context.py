@@ -68,6 +68,8 @@ class Ctx:
         self.vals = vals  # the node's fake output: a tensor or a tuple of them
         self.used = used  # for tuple outputs: the indices something reads
         self.arg_vals: list = []  # the fake values of the node's positional node args
+        # (aten op, fake value) of each node reading this one's result
+        self.readers: list[tuple] = []
 
     # -- what aten says the result is ---------------------------------------
 

@@ -109,7 +109,10 @@ def _select(cx: Ctx, x, dim, index):
     i = index + x.shape[d] if index < 0 else index
     if not 0 <= i < x.shape[d]:
         raise Fallback(f"index {index} out of range for dim {dim} of size {x.shape[d]}")
-    return cx.reshape(slice_dim(cx, x, d, i, 1, 1), cx.out().shape)
+    # a gather of one constant index, as ONNX's Gather writes it: kernels read it with
+    # plain strides (a unit slice then a reshape dropping the dim cost braze's attention
+    # kernel 2.5x in index arithmetic on Swin's q, k and v)
+    return cx.op("gather", x, cx.const(np.int64(i)), axis=d)
 
 
 @converts(aten.unbind.int)

@@ -11,6 +11,7 @@ does with tf.nn.softmax:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from compiler import dtypes
@@ -131,11 +132,46 @@ def _log_softmax(cx: Ctx, x, dim, half_to_float=False):
 
 # -- contractions -----------------------------------------------------------
 
-@converts(aten.mm.default, aten.bmm.default, aten.matmul.default)
+@converts(aten.mm.default, aten.matmul.default)
 def _mm(cx: Ctx, a, b):
     if a.type.rank < 2 or b.type.rank < 2:
         raise Fallback("matmul of a vector")
     return cx.op("matmul", a, b)
+
+
+# The views aten writes around bmm when it decomposes an N-d matmul.
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+@converts(aten.bmm.default)
+def _bmm(cx: Ctx, a, b):
+    """bmm of [B, M, K] and [B, K, N]. aten's decomposition of an N-d matmul merges the
+    batch dims into B around it (view, bmm, view); when every reader views the result
+    back as P + [M, N] (prod(P) = B), the product is computed over those batch dims P
+    instead (reshapes of row-major data commute with a per-batch product), so the IR
+    holds the matmul the user wrote, as the ONNX importer's does, and the passes that
+    read through it (attention, compiler/passes/attention.py) see the same graph."""
+    batch = _batch_dims(cx)
+    if batch is None:
+        return cx.op("matmul", a, b)
+    a = cx.reshape(a, batch + a.shape[1:])
+    b = cx.reshape(b, batch + b.shape[1:])
+    return cx.reshape(cx.op("matmul", a, b), cx.out().shape)
+
+
+def _batch_dims(cx: Ctx) -> tuple | None:
+    """P when every reader of this [B, M, N] result views it as P + [M, N] with one
+    common P of more than one dim, else None."""
+    out = cx.out().shape
+    shapes = {tuple(val.shape) for target, val in cx.readers
+              if target in _VIEWS and isinstance(val, torch.Tensor)}
+    if len(shapes) != 1 or len(cx.readers) == 0 or any(t not in _VIEWS for t, _ in cx.readers):
+        return None
+    (shape,) = shapes
+    if (len(shape) < 4 or shape[-2:] != out[-2:] or not all(isinstance(d, int) for d in shape)
+            or int(np.prod(shape[:-2])) != out[0]):
+        return None
+    return tuple(shape[:-2])
 
 
 @converts(aten.addmm.default, aten.baddbmm.default)
@@ -249,16 +285,20 @@ def _affine(cx: Ctx, y, w, b, shape_fn):
 
 @converts(aten.native_layer_norm.default)
 def _layer_norm(cx: Ctx, x, normalized_shape, w, b, eps):
+    y, mu, rstd = layer_norm(cx, x, len(normalized_shape), w, b, eps)
+    return y, cx.cast(mu, cx.out(1).dtype), cx.cast(rstd, cx.out(2).dtype)
+
+
+def layer_norm(cx: Ctx, x, k: int, w, b, eps: float):
+    """(y, mean, rstd) of layer norm over x's last k dims (w, b: None or Values)."""
     if x.dtype not in dtypes.FLOATS:
         raise Fallback(f"layer norm of {x.dtype}")
-    k = len(normalized_shape)
     axes = tuple(range(x.type.rank - k, x.type.rank))
     mu = mean(cx, x, axes)
     d = cx.op("sub", x, mu)
     var = mean(cx, cx.op("mul", d, d), axes)
     rstd = cx.op("reciprocal", cx.op("sqrt", cx.op("add", var, cx.scalar(eps, x.dtype))))
-    y = _affine(cx, cx.op("mul", d, rstd), w, b, lambda v: v)
-    return y, cx.cast(mu, cx.out(1).dtype), cx.cast(rstd, cx.out(2).dtype)
+    return _affine(cx, cx.op("mul", d, rstd), w, b, lambda v: v), mu, rstd
 
 
 @converts(aten._native_batch_norm_legit_no_training.default)

@@ -10,6 +10,9 @@ Pattern, rooted at the second matmul (the importers' softmax is max, sub, exp, s
 
   ->  O = attention(Q, transpose(KT), V, mask) {scale = c, causal = false}
 
+c_q * Q (and c_k * KT) may also reach the matmul through a reshape that keeps the last two
+dims (aten's N-d matmul merges the batch dims of a scaled q): Q is then reshaped itself.
+
 Maths. Walking down from s, let g be the product of the scalar factors met so far (g = 1
 at s). A factor c below multiplies g by c (1/c for div). An `add M` at factor g
 contributes g * M to s, a boolean select contributes g * select(C, 0, fill) (fill from
@@ -46,6 +49,11 @@ class Match:
     v: Value
     scale: float
     masks: list = field(default_factory=list)  # (kind, values, factor) per mask term
+    # per operand (q, kt): the shape it is reshaped to first (None: used as it is)
+    shapes: list = field(default_factory=lambda: [None, None])
+
+    def shape(self, side: int) -> tuple:
+        return self.shapes[side] or (self.q, self.kt)[side].shape
 
 
 def _scalar(v: Value) -> float | None:
@@ -141,17 +149,38 @@ def _leads_to_matmul(v: Value) -> bool:
 
 
 def _at_matmul(mm: Node, g: float, masks: list, ctx: Context) -> Match | str:
-    a, kt = mm.inputs
+    m = Match(*mm.inputs, None, g, masks)
     for side in (0, 1):
-        u = mm.inputs[side]
+        found = _unscaled(mm.inputs[side], ctx)
+        if found is not None:
+            x, c, m.shapes[side] = found
+            m.scale *= c
+            m.q, m.kt = (x, m.kt) if side == 0 else (m.q, x)
+    return m
+
+
+def _unscaled(u: Value, ctx: Context):
+    """(x, c, shape) where the operand u is c * x, or a reshape to `shape` of c * x that
+    keeps the last two dims (aten's N-d matmul merges batch dims around a scaled q), c a
+    scalar constant, each value read only here; else None."""
+    shape = None
+    p = u.producer
+    if p is not None and p.op == "reshape" and _only_here(u, ctx):
+        if p.inputs[0].shape[-2:] != u.shape[-2:]:
+            return None
+        shape, u = u.shape, p.inputs[0]
         p = u.producer
-        if p is not None and p.op == "mul" and len(ctx.readers(u)) == 1 and not ctx.is_output(u):
-            c = _scalar(p.inputs[1]) if _scalar(p.inputs[1]) is not None else _scalar(p.inputs[0])
-            if c is not None:
-                g *= c
-                x = p.inputs[0] if _scalar(p.inputs[1]) is not None else p.inputs[1]
-                a, kt = (x, kt) if side == 0 else (a, x)
-    return Match(a, kt, None, g, masks)
+    if p is None or p.op != "mul" or not _only_here(u, ctx):
+        return None
+    for x, c in ((p.inputs[0], p.inputs[1]), (p.inputs[1], p.inputs[0])):
+        f = _scalar(c)
+        if f is not None and x.shape == u.shape:
+            return x, f, shape
+    return None
+
+
+def _only_here(u: Value, ctx: Context) -> bool:
+    return len(ctx.readers(u)) == 1 and not ctx.is_output(u)
 
 
 def check(node: Node, ctx: Context) -> Match | str:
@@ -165,9 +194,9 @@ def check(node: Node, ctx: Context) -> Match | str:
     if isinstance(m, str):
         return m
     m.v = v
-    if not m.kt.type.static or m.q.type.rank < 2 or len(
-            {m.q.shape[:-2], m.kt.shape[:-2], v.shape[:-2]}) != 1:
-        return f"batch dims {m.q.shape[:-2]}, {m.kt.shape[:-2]}, {v.shape[:-2]} differ"
+    qs, kts = m.shape(0), m.shape(1)
+    if not m.kt.type.static or len(qs) < 2 or len({qs[:-2], kts[:-2], v.shape[:-2]}) != 1:
+        return f"batch dims {qs[:-2]}, {kts[:-2]}, {v.shape[:-2]} differ"
     if m.q.dtype != "f32":
         return f"dtype {m.q.dtype}: fused attention is float32"
     reason = _mask_refusal(m, s) or attention.refusal_for(m.q, v, m.kt.shape[-1])
@@ -233,17 +262,25 @@ def rewrite(graph: Graph, node: Node, m: Match) -> Value:
     causal = [term for term in m.masks if term[0] == "add" and term[2] > 0
               and is_causal_mask(term[1][0], t, keys)][:1]
     m.masks = [term for term in m.masks if term not in causal]
+    q, kt = (_reshaped(graph, node, v, s) for v, s in zip((m.q, m.kt), m.shapes))
     at = graph.nodes.index(node)
-    rank = len(m.q.shape)
+    rank = len(q.shape)
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-    k = graph.add_node("transpose", [m.kt], {"perm": perm}, name="attn_k", index=at).output
-    inputs = [m.q, k, m.v]
+    k = graph.add_node("transpose", [kt], {"perm": perm}, name="attn_k", index=at).output
+    inputs = [q, k, m.v]
     mask = _mask(graph, node, m)
     if mask is not None:
         inputs.append(mask)
     at = graph.nodes.index(node)
     return graph.add_node("attention", inputs, {"scale": m.scale, "causal": bool(causal)},
                           name="attention", index=at).output
+
+
+def _reshaped(graph: Graph, node: Node, v: Value, shape) -> Value:
+    if shape is None or tuple(shape) == v.shape:
+        return v
+    return graph.add_node("reshape", [v], {"shape": tuple(shape)}, name="attn_operand",
+                          index=graph.nodes.index(node)).output
 
 
 def _mask(graph: Graph, node: Node, m: Match) -> Value | None:

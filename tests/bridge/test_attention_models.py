@@ -137,3 +137,88 @@ def test_transformer_encoder_attention_is_fused():
     got, = cm(in0=x.numpy())
     want, = _ort(model, {"in0": x.numpy()})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _WindowAttention(torch.nn.Module):
+    """Swin's attention written out: 4-d q @ k^T (aten: view, bmm, view), scale, an
+    additive per-head bias, softmax, @ v."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.bias = torch.nn.Parameter(torch.randn(1, heads, 16, 16))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.qkv(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        s = (q * (c // self.heads) ** -0.5) @ k.transpose(-2, -1) + self.bias
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+def _clusters_text(tmp_path) -> str:
+    return "".join(p.read_text() for p in tmp_path.glob("*clusters*"))
+
+
+def test_torch_compile_written_out_attention_is_fused_as_from_onnx(tmp_path):
+    """The fx import of a batched q @ k^T (bmm between batch-merging views) reaches the
+    attention pass as the ONNX import does: one attention node each."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mod = _WindowAttention().eval()
+    x = torch.randn(4, 16, 32)
+    cm = bridge.compile_onnx(_export(mod, (x,)), allow_fallback=False)
+    assert "attention" in cm.explain()
+    compiled = torch.compile(mod, backend="braze", options={
+        "allow_fallback": False, "strict": True, "dump_dir": str(tmp_path)})
+    with torch.no_grad():
+        got = compiled(x)
+        want = mod(x)
+    text = _clusters_text(tmp_path)
+    assert "attention" in text and "reduce_max" not in text
+    # q's scale (applied before aten's batch-merging view) is the node's scale
+    opt = "".join(p.read_text() for p in tmp_path.glob("*opt.ir"))
+    assert "scale=0.25" in opt and " mul(" not in opt
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+
+
+def _fast_path_compiled(mod, x, tmp_path):
+    """mod(x) under torch.compile(backend="braze") with torch's MHA fast path on: the
+    result, eager's, and the clusters dumped."""
+    torch._dynamo.reset()
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(True)
+    try:
+        compiled = torch.compile(mod, backend="braze", options={
+            "allow_fallback": False, "strict": True, "dump_dir": str(tmp_path)})
+        with torch.no_grad():
+            return compiled(x), mod(x), _clusters_text(tmp_path)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
+@pytest.mark.parametrize("activation,norm_first", [("relu", False), ("gelu", True)])
+def test_fast_path_encoder_layers_are_written_out(activation, norm_first, tmp_path):
+    """aten._transformer_encoder_layer_fwd (the eval fast path) becomes matmuls, layer
+    norms and one attention node per layer, as the ONNX export of the same model does
+    (no host node: allow_fallback=False)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True,
+                                             activation=activation, norm_first=norm_first)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 24, 64)
+    got, want, clusters = _fast_path_compiled(enc, x, tmp_path)
+    import_ir = "".join(p.read_text() for p in tmp_path.glob("*import.ir"))
+    assert "_transformer_encoder_layer_fwd" in import_ir  # the fast path was taken
+    assert "host" not in clusters and "attention x2" in clusters
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # no more kernels than the ONNX export's (which torch writes with the fast path off,
+    # and with two more transposes: it runs the layers sequence-first at batch > 1)
+    from bridge.onnx_api import explain_onnx
+
+    torch_kernels = "".join(p.read_text() for p in tmp_path.glob("*kernels.txt"))
+    onnx_kernels = explain_onnx(_export(enc, (x,)), {"in0": tuple(x.shape)}, kernels=True)
+    assert torch_kernels.count("  kernel ") <= onnx_kernels.count("  kernel ")
+    assert torch_kernels.count("attention [") == onnx_kernels.count("attention [") == 2
+

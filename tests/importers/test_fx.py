@@ -154,3 +154,70 @@ def test_an_unconverted_op_on_a_run_time_value_still_runs_on_torch():
     _, imp = _import(lambda x: torch.cumsum(x, 0) + torch.cumsum(torch.ones(4, 6), 1), x)
     hosts = [n for n in imp.graph.nodes if n.op == "host"]
     assert len(hosts) == 1 and hosts[0].inputs[0] is imp.graph.inputs[0]
+
+
+def test_bmm_of_merged_batch_dims_is_the_n_d_matmul():
+    """aten writes a 4-d matmul as view, bmm, view: the import holds the 4-d matmul."""
+    a, b = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 4, 6)
+    _, imp = _import(lambda a, b: torch.relu(a @ b), a, b)
+    verify(imp.graph)
+    (mm,) = [n for n in imp.graph.nodes if n.op == "matmul"]
+    assert mm.outputs[0].shape == (2, 3, 5, 6)
+    np.testing.assert_allclose(_run(imp, [a, b])[0], torch.relu(a @ b).numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_bmm_read_as_merged_batch_stays_3_d():
+    a, b = torch.randn(6, 5, 4), torch.randn(6, 4, 3)
+    _, imp = _import(lambda a, b: torch.bmm(a, b) + 1, a, b)
+    (mm,) = [n for n in imp.graph.nodes if n.op == "matmul"]
+    assert mm.outputs[0].shape == (6, 5, 3)
+    np.testing.assert_allclose(_run(imp, [a, b])[0], (torch.bmm(a, b) + 1).numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_native_multi_head_attention_is_written_out(self_attention):
+    """aten._native_multi_head_attention (nn.MultiheadAttention's fast path): projections,
+    one attention node, the output projection; no host node."""
+    g = torch.Generator().manual_seed(0)
+    e, h = 32, 4
+    w_qkv, b_qkv = torch.randn(3 * e, e, generator=g) * 0.2, torch.randn(3 * e, generator=g)
+    w_o, b_o = torch.randn(e, e, generator=g) * 0.2, torch.randn(e, generator=g)
+    q, kv = torch.randn(2, 10, e, generator=g), torch.randn(2, 10, e, generator=g)
+
+    def mha(q, kv):
+        k = q if self_attention else kv
+        return aten._native_multi_head_attention(q, k, k, e, h, w_qkv, b_qkv, w_o, b_o,
+                                                 need_weights=False)[0]
+
+    _, imp = _import(mha, q, kv)
+    verify(imp.graph)
+    ops = [n.op for n in imp.graph.nodes]
+    assert "host" not in ops and ops.count("attention") == 1
+    assert ops.count("matmul") == (2 if self_attention else 4)
+    np.testing.assert_allclose(_run(imp, [q, kv])[0], mha(q, kv).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_attention_with_a_mask_stays_on_torch():
+    e = 8
+    w, b = torch.randn(3 * e, e), torch.randn(3 * e)
+    q, mask = torch.randn(1, 5, e), torch.zeros(5, 5, dtype=torch.bool)
+
+    def mha(q, mask):
+        return aten._native_multi_head_attention(q, q, q, e, 2, w, b, w[:e], b[:e], mask,
+                                                 need_weights=False, mask_type=0)[0]
+
+    _, imp = _import(mha, q, mask)
+    (host,) = [n for n in imp.graph.nodes if n.op == "host"]
+    assert "mask" in host.attrs["reason"]
+
+
+def test_select_is_a_gather_of_one_index_as_onnx_writes_it():
+    x = torch.randn(3, 4, 5)
+    _, imp = _import(lambda x: x[2] + x.select(1, -1).sum(), x)
+    verify(imp.graph)
+    ops = [n.op for n in imp.graph.nodes]
+    assert ops.count("gather") == 2 and "slice" not in ops
+    np.testing.assert_allclose(_run(imp, [x])[0], (x[2] + x.select(1, -1).sum()).numpy(),
+                               rtol=1e-5, atol=1e-5)
