@@ -88,6 +88,9 @@ def _convert(cx: NodeContext, op: str):
         x = cx.transpose(x, (1, 0, 2))
     t, batch, width = x.shape
     hid = r.shape[-1]
+    declared = cx.attr("hidden_size", hid)
+    if int(declared) != hid:  # onnxruntime refuses such a node when it runs: so does braze
+        raise Fallback(f"hidden_size {declared} does not match R's {hid} columns")
     gh = gates * hid
     if w.shape != (dirs, gh, width) or r.shape != (dirs, gh, hid):
         raise Fallback(f"W {w.shape} or R {r.shape} do not match {dirs} direction(s) of "
