@@ -292,7 +292,9 @@ def _header(graph: Graph, names: dict, name: str, layout: _Layout, threads: int)
                       f"static const int64_t {p}_SHAPE[] = {{{dims}}};", ""]
     lines += [f"#define {up}_FAULT_INDEX {faults.INDEX}  /* a gather index out of range */",
               f"#define {up}_FAULT_ZERO_DIVISOR {faults.ZERO_DIVISOR}  "
-              "/* an integer division by 0 */", "",
+              "/* an integer division by 0 */",
+              f"#define {up}_FAULT_LENGTH {faults.LENGTH}  "
+              "/* a recurrence's sequence length outside [0, T] */", "",
               "/* Runs the model: inputs and outputs are C-contiguous buffers of the sizes",
               " * above (outputs are written, never read); returns 0, or the FAULT_ codes",
               " * above ORed (the outputs are then computed on clamped values). */",

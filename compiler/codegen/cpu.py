@@ -458,6 +458,7 @@ class Renderer:
                 v = v if v in ptrs else recurrent.source(v)
                 named[name] = ptrs[v] if v in ptrs else self._literal(v)
         named["out"] = ptrs[k.root]
+        named["faults"] = self._faults  # None where the lengths are constants
         scratch, last = recurrent.scratch(b, shape, packed)
         if shape.split:  # the team shares the one item (lo, hi only launch it)
             recurrent.emit_split(b, shape, scratch, last, named, packed)

@@ -1,4 +1,5 @@
-"""Run-time faults of compiled code: out-of-range gather indices, integer division by 0.
+"""Run-time faults of compiled code: out-of-range gather indices, integer division by 0,
+recurrence sequence lengths outside [0, T].
 
 onnxruntime and torch raise on these; braze's kernels must neither trap nor read out
 of bounds, so the generated code keeps going on a safe value (a clamped index, a
@@ -15,12 +16,13 @@ from __future__ import annotations
 from llvmlite import ir
 
 from compiler import dtypes
-from compiler.errors import BrazeIndexError, DivisionByZeroError
+from compiler.errors import BrazeIndexError, DivisionByZeroError, InputError
 from compiler.ir import Graph, Node
 
 FAULTS = "faults"  # slot-table key of the cluster's fault word (an int32)
 INDEX = 1  # a gather index outside [-n, n)
 ZERO_DIVISOR = 2  # an integer div / mod by zero
+LENGTH = 4  # a recurrence's sequence length outside [0, T] (onnxruntime refuses those)
 
 I32 = ir.IntType(32)
 INT_DIVIDES = ("div", "mod", "fmod")
@@ -30,6 +32,8 @@ def code_of(node: Node) -> int:
     """The fault `node` may raise at run time (0 if none)."""
     if node.op == "gather":
         return INDEX
+    if node.op == "recurrence":  # run-time lengths (graph inputs) are checked
+        return 0 if node.inputs[3].is_const else LENGTH
     if node.op in INT_DIVIDES and node.outputs[0].dtype not in dtypes.FLOATS:
         divisor = node.inputs[1].producer
         if divisor is not None and divisor.op == "const" and divisor.attrs["value"].all():
@@ -69,6 +73,9 @@ def check(word: int, graph: Graph) -> None:
         raise BrazeIndexError(f"index out of range in {_names(graph, INDEX)}")
     if word & ZERO_DIVISOR:
         raise DivisionByZeroError(f"integer division by zero in {_names(graph, ZERO_DIVISOR)}")
+    if word & LENGTH:
+        raise InputError(f"a sequence length outside [0, sequence length] in "
+                         f"{_names(graph, LENGTH)}")
 
 
 def _names(graph: Graph, code: int) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from llvmlite import ir
 
-from compiler.codegen import mathlib
+from compiler.codegen import faults, mathlib
 from compiler.codegen.lowering import counted_loop
 from compiler.kernels import batched, gemm
 from compiler.kernels.gemm import F32, I32, I64, Tile
@@ -257,12 +257,16 @@ class _Item:
             self._finish(r)
 
     def _length(self, r: int):
-        """lens[b] clamped to [0, T]."""
+        """lens[b] clamped to [0, T]; a length outside it is recorded as a fault
+        (faults.LENGTH) where the kernel has a fault word."""
         b = self.b
         n = b.sext(b.load(b.gep(self.p["lens"], [b.add(self.row0, _i64(r))], source_etype=I32,
                                 inbounds=True), typ=I32), I64)
-        n = b.select(b.icmp_signed("<", n, _i64(0)), _i64(0), n)
-        return b.select(b.icmp_signed(">", n, _i64(self.shape.t)), _i64(self.shape.t), n)
+        low, high = b.icmp_signed("<", n, _i64(0)), b.icmp_signed(">", n, _i64(self.shape.t))
+        if self.p.get("faults") is not None:
+            self.p["faults"].note(b, b.or_(low, high), faults.LENGTH)
+        n = b.select(low, _i64(0), n)
+        return b.select(high, _i64(self.shape.t), n)
 
     def _state(self, name: str, t, batch_row):
         """Pointer to [t, d, batch_row, :] of the result (name "out"), or to

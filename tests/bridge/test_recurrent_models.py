@@ -229,3 +229,38 @@ def test_optimize_writes_the_recurrent_op_back(op, direction, kw):
     sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     for g, w in zip(sess.run(None, feeds), _ort(model, feeds)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _lstm_with_lengths(hidden: int = 4, width: int = 3, steps: int = 5, batch: int = 2):
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, width)).astype(np.float32),
+                                "W")
+    r = numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32),
+                                "R")
+    node = helper.make_node("LSTM", ["x", "W", "R", "", "L"], ["y", "yh"], hidden_size=hidden,
+                            name="lstm")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, batch, width]),
+                      helper.make_tensor_value_info("L", TensorProto.INT32, [batch])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("yh", TensorProto.FLOAT, None)], [w, r])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_sequence_lengths_out_of_range_raise_as_onnxruntime_refuses_them():
+    """sequence_lens given at run time: lengths in [0, T] equal onnxruntime; a length
+    outside (onnxruntime: InvalidArgument) raises InputError naming the node, never a
+    clamped answer."""
+    model = _lstm_with_lengths()
+    x = np.random.default_rng(4).standard_normal((5, 2, 3)).astype(np.float32)
+    m = bridge.compile_onnx(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for lens in ([3, 5], [0, 5]):
+        lens = np.array(lens, np.int32)
+        for got, want in zip(m(x, lens), sess.run(None, {"x": x, "L": lens})):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for lens in ([6, 2], [-1, 2]):
+        with pytest.raises(bridge.InputError, match=r"sequence length outside .* \"lstm\""):
+            m(x, np.array(lens, np.int32))
+        with pytest.raises(Exception):
+            sess.run(None, {"x": x, "L": np.array(lens, np.int32)})
