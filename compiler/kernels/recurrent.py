@@ -39,15 +39,16 @@ from compiler.ops.recurrence import CELLS, states
 # Panels one product step keeps in registers at most: each is an independent stream of
 # R^T (the hardware prefetcher follows a handful per core).
 MAX_GROUP = 8
-# A layer with one work item (one direction, one batch block) can split its hidden units
+# A layer with one work item (one direction, one batch block) splits its hidden units
 # over the OpenMP team, with a barrier per step (`_SplitItem`), from this size of R on
-# (None: never). The idea: one LSTM direction of H = 256 is 1 MiB, a whole core's L2,
-# streamed once per step; halved, each core's half would stay in its L2. Measured on a
-# shared 2-core machine (load average 5-10), a barrier per step lost to the unsplit
-# kernel at every size tried (2-layer LSTM, T = 128, batch 1, 2 threads, median: H = 256
-# 143 vs 73 ms; H = 1024 655 vs 508 ms): a step waits for the other thread's next time
-# slice. So it is off until it is measured to win on dedicated cores.
-SPLIT_MIN_R_BYTES: int | None = None
+# (None: never). One LSTM direction of H = 256 is 1 MiB, a whole core's L2, streamed
+# once per step; halved, each core's half stays in its L2. Measured on dedicated cores
+# (2-layer LSTM, H = 256, T = 128, batch 1, 2 threads, compile cache off): a recurrence
+# kernel 1.72 -> 0.71 ms, the whole model 4.27 -> 2.56 ms (onnxruntime 2.8). On cores
+# shared with other work a barrier per step waits for the other thread's next time
+# slice (at load 5-10 it lost: 143 vs 73 ms), as every braze kernel's barrier does
+# (README, "Known limit"). Below 256 KiB the barrier costs more than the halved step.
+SPLIT_MIN_R_BYTES: int | None = 1 << 18
 
 
 def _i64(n: int) -> ir.Constant:

@@ -131,7 +131,10 @@ def test_short_sequences_or_gru_second_product_do_not_split(monkeypatch):
         assert not choice.shape(k.contraction, k.impl).split
 
 
-def test_no_split_by_default():
-    g, _ = _graph("lstm", "forward", 5, 1, 256, full=True)
-    [k] = compile_graph(g).kernels
-    assert not choice.shape(k.contraction, k.impl).split
+def test_split_by_default_from_the_size_of_r():
+    """By default a one-item layer splits from R of SPLIT_MIN_R_BYTES (256 KiB) on: an
+    LSTM of 256 units (1 MiB of R) splits, one of 64 (64 KiB) does not."""
+    for hid, splits in ((256, True), (64, False)):
+        g, _ = _graph("lstm", "forward", 5, 1, hid, full=True)
+        [k] = compile_graph(g).kernels
+        assert choice.shape(k.contraction, k.impl).split is splits
