@@ -84,18 +84,22 @@ graph g(%x: f32[20,12]) -> (%y, %r) {
     assert [n.op for n in g.nodes].count("reshape") == 1
 
 
-def test_a_mask_added_per_window_becomes_a_mask_of_the_scores():
-    """Swin: scores [B*nW, h, N, N] viewed as [B, nW, h, N, N] + mask[1, nW, 1, N, N], then
-    viewed back: the mask is repeated per window row block and added to the scores."""
-    mask = RNG.standard_normal((1, 2, 1, 4, 4)).astype(np.float32)
-    g, _, _ = _after_passes("""
+# Swin's window mask: scores viewed per window, a constant added, viewed back
+WINDOW_MASK = """
 graph g(%s: f32[6,2,4,4]) -> (%y) {
   %m = const() {value=@m} : f32[1,2,1,4,4]
   %r = reshape(%s) {shape=[3, 2, 2, 4, 4]} : f32[3,2,2,4,4]
   %a = add(%r, %m) : f32[3,2,2,4,4]
   %b = reshape(%a) {shape=[6, 2, 4, 4]} : f32[6,2,4,4]
   %y = exp(%b) : f32[6,2,4,4]
-}""", {"m": mask})
+}"""
+
+
+def test_a_mask_added_per_window_becomes_a_mask_of_the_scores():
+    """Swin: scores [B*nW, h, N, N] viewed as [B, nW, h, N, N] + mask[1, nW, 1, N, N], then
+    viewed back: the mask is repeated per window row block and added to the scores."""
+    mask = RNG.standard_normal((1, 2, 1, 4, 4)).astype(np.float32)
+    g, _, _ = _after_passes(WINDOW_MASK, {"m": mask})
     ops = [n.op for n in g.nodes if n.op != "const"]
     assert ops == ["add", "exp"], ops
     add = next(n for n in g.nodes if n.op == "add")
@@ -110,14 +114,7 @@ def test_the_split_mask_bound_counts_what_is_written(monkeypatch, limit, folded)
     from compiler.passes import sink
     monkeypatch.setattr(sink, "SPLIT_CONSTANT_ELEMENTS", limit)
     mask = RNG.standard_normal((1, 2, 1, 4, 4)).astype(np.float32)
-    g, _, _ = _after_passes("""
-graph g(%s: f32[6,2,4,4]) -> (%y) {
-  %m = const() {value=@m} : f32[1,2,1,4,4]
-  %r = reshape(%s) {shape=[3, 2, 2, 4, 4]} : f32[3,2,2,4,4]
-  %a = add(%r, %m) : f32[3,2,2,4,4]
-  %b = reshape(%a) {shape=[6, 2, 4, 4]} : f32[6,2,4,4]
-  %y = exp(%b) : f32[6,2,4,4]
-}""", {"m": mask})
+    g, _, _ = _after_passes(WINDOW_MASK, {"m": mask})
     ops = [n.op for n in g.nodes if n.op != "const"]
     assert (ops == ["add", "exp"]) == folded, ops
 
