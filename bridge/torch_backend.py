@@ -216,9 +216,9 @@ class GraphRunner:
         length = bucket_of(n)
         bkey = self.length.signature(args, length, self._dynamic_order[len(args)])
         with self._specs.lock:
-            self._check_frozen(args)
             if self._specs.get(bkey) is None:  # refused before (or failed at run time)
-                return None, None, key
+                return None, None, key  # (_specialization checks the frozen weights)
+            self._check_frozen(args)
             try:
                 return self._specs.get_or_build(bkey, lambda: self._bucket(args, length)), \
                     n, bkey
