@@ -86,8 +86,9 @@ class Options:
 class TorchOptions(Options):
     """`options=` of torch.compile(backend="braze"): Options, plus `dump_dir` (IR text,
     clusters and LLVM IR of each graph written there), `freeze` (parameters and buffers
-    of inference graphs become constants) and `strict` (an error in braze raises instead
-    of running the graph eagerly). Here dynamo decides which dims are dynamic; an
+    of inference graphs become constants), `strict` (an error in braze raises instead
+    of running the graph eagerly) and `fast_guards` (turn on dynamo's recursive
+    dict-tag guards, process-wide: bridge/torch_backend.use_fast_guards). Here dynamo decides which dims are dynamic; an
     inference graph with one symbolic length runs in buckets (bridge/torch_dynamic.py)
     unless `dynamic` is "off"."""
 
@@ -96,3 +97,4 @@ class TorchOptions(Options):
     dump_dir: str | None = None
     freeze: bool = True
     strict: bool = False
+    fast_guards: bool = True

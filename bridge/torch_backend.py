@@ -63,6 +63,8 @@ def braze(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = No
         raise BrazeError(f"unknown mode {mode!r}; torch.compile modes are "
                          f"{', '.join(m for m in MODES if m)}")
     opts = TorchOptions.from_dict(options)
+    if opts.fast_guards:
+        use_fast_guards()
     if (why := check_for_skip(example_inputs, opts)) is not None:
         log.info("braze: running graph eagerly: %s", why)
         return gm.forward
@@ -79,6 +81,24 @@ def braze(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = No
         log.warning("braze: AOTAutograd could not trace the graph (%s: %s); running it "
                     "eagerly", type(e).__name__, e)
         return gm.forward
+
+
+def use_fast_guards() -> None:
+    """Turn on dynamo's recursive dict-tag guards (torch._dynamo.config
+    use_recursive_dict_tags_for_guards, off in torch by default): a module tree whose
+    dicts kept their version tags is passed by one check per tree instead of a walk
+    over every submodule and weight. Guards are built after the backend returns, so
+    this graph's guards already use it. Measured on efficientnet_b0 (~360 weights),
+    the guards cost ~0.5-0.9 ms per call once braze's kernels have evicted them from
+    cache, ~0.3 ms less with the tags. Global to the process (dynamo has no
+    per-backend setting), logged once; option fast_guards=False leaves it alone."""
+    import torch._dynamo.config as dynamo_config
+
+    if getattr(dynamo_config, "use_recursive_dict_tags_for_guards", True):
+        return  # on already (or a torch without the setting: nothing to do)
+    dynamo_config.use_recursive_dict_tags_for_guards = True
+    log.info("braze: turned on torch._dynamo.config.use_recursive_dict_tags_for_guards "
+             "(per-call guard cost; options={'fast_guards': False} leaves it off)")
 
 
 def check_for_skip(example_inputs, opts: TorchOptions) -> str | None:

@@ -318,3 +318,39 @@ def test_frozen_weights_replaced_or_reassigned_recompile():
         torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
         m[0].bias = nn.Parameter(torch.randn(4))
         torch.testing.assert_close(c(x), m(x), rtol=RTOL, atol=ATOL)
+
+
+@pytest.fixture
+def dict_tag_guards():
+    """torch's setting for recursive dict-tag guards, restored after the test."""
+    import torch._dynamo.config as dynamo_config
+
+    before = dynamo_config.use_recursive_dict_tags_for_guards
+    dynamo_config.use_recursive_dict_tags_for_guards = False
+    yield dynamo_config
+    dynamo_config.use_recursive_dict_tags_for_guards = before
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_guards_option_sets_dynamo_dict_tags(dict_tag_guards, fast):
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+    check_inference(model, torch.randn(2, 4), fast_guards=fast)
+    assert dict_tag_guards.use_recursive_dict_tags_for_guards is fast
+
+
+def test_fast_guards_still_see_a_replaced_submodule_and_weight(dict_tag_guards):
+    """With the dict-tag guards on, a submodule swapped for another recompiles (its
+    module dict changed), and a weight given new storage through `.data` (which changes
+    no dict) is caught by the frozen-weight check: every call matches eager."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+    c = compiled(model)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), model(x), rtol=RTOL, atol=ATOL)
+        assert dict_tag_guards.use_recursive_dict_tags_for_guards
+        model[1] = nn.Tanh()
+        torch.testing.assert_close(c(x), model(x), rtol=RTOL, atol=ATOL)
+        model[2].weight.data = torch.randn(2, 3)
+        torch.testing.assert_close(c(x), model(x), rtol=RTOL, atol=ATOL)
+        model[0].bias.data.mul_(3)  # in place, through .data: no version bump
+        torch.testing.assert_close(c(x), model(x), rtol=RTOL, atol=ATOL)
