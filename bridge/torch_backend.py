@@ -14,7 +14,9 @@ Example inputs may be fake tensors and SymInts: only their metadata is read.
 Freezing (option freeze, default True): in inference graphs, the inputs that
 AOTAutograd reports as static (parameters and buffers) become IR constants at
 the first call, so constant folding, batch-norm folding and weight packing apply,
-as inductor's freezing does. Each call checks the frozen tensors' storage, version
+as inductor's freezing does. In a forward graph (gradients on) they do once they
+held still for STEADY_CALLS calls (SteadyWeightsRunner): an eval model called without
+no_grad gets the compiled convolutions, a training loop keeps weights as inputs. Each call checks the frozen tensors' storage, version
 counters and a sampled fingerprint of their values (bridge/frozen.py); a change (an
 optimizer step, load_state_dict, an update through `.data`) recompiles rather than
 run stale weights.
@@ -33,6 +35,7 @@ import functools
 import itertools
 import logging
 import os
+import threading
 
 import torch
 
@@ -150,10 +153,12 @@ def _compiler(kind: str, opts: TorchOptions):
     from torch._functorch.aot_autograd import make_boxed_func
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        static = static_inputs() if kind == "inference" and opts.freeze else ()
-        runner = GraphRunner(gm, f"g{next(_graph_ids)}_{kind}", static, opts,
-                             buckets=kind == "inference")
-        return make_boxed_func(runner)
+        name = f"g{next(_graph_ids)}_{kind}"
+        static = static_inputs() if kind != "backward" and opts.freeze else ()
+        if kind == "forward" and static:
+            return make_boxed_func(SteadyWeightsRunner(gm, name, static, opts))
+        return make_boxed_func(GraphRunner(gm, name, static, opts,
+                                           buckets=kind == "inference"))
 
     return compile_graph
 
@@ -171,7 +176,7 @@ class GraphRunner:
     """One aten graph: compiled per input signature at call time, eager on refusal."""
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, static: tuple, opts: TorchOptions,
-                 buckets: bool = False):
+                 buckets: bool = False, check_weights: bool = True):
         from bridge.torch_dynamic import LengthSymbol
 
         self.gm = gm
@@ -180,7 +185,8 @@ class GraphRunner:
         self.opts = opts
         self.dynamic = _is_dynamic(gm)
         self._specs = SpecializationCache()
-        self._frozen = FrozenWeights(self.static) if self.static else None
+        # None: no frozen weights, or a caller that checks them (SteadyWeightsRunner)
+        self._frozen = FrozenWeights(self.static) if self.static and check_weights else None
         self._dynamic_order: dict[int, tuple] = {}  # argument count -> non-static indices
         # the symbolic length of a dynamic inference graph, run in power-of-two buckets
         # (bridge/torch_dynamic.py); None: every shape compiles exactly
@@ -270,6 +276,11 @@ class GraphRunner:
             log.info("braze: frozen weights of graph %s changed; compiling it again", self.name)
             self._specs.clear()
 
+    def drop(self) -> None:
+        """Forget every specialization (its frozen weights are stale)."""
+        with self._specs.lock:
+            self._specs.clear()
+
     def _compile(self, args):
         from compiler import gc_paused
         from importers.fx import UnrepresentableGraph
@@ -295,6 +306,45 @@ class GraphRunner:
             log.warning("braze: could not compile graph %s (%s: %s); running it eagerly",
                         self.name, type(e).__name__, e)
             return None
+
+
+# A forward graph (gradients on) freezes its weights once they held still for
+# STEADY_CALLS calls in a row: an eval-mode model called without no_grad then runs the
+# inference code (host convolutions and unfolded batch norms otherwise: 2-3x slower).
+# A training loop changes them at every step and never freezes; after MAX_THAWS thaws
+# (weights changed while frozen: a compile wasted each time) the graph stops trying.
+STEADY_CALLS = 2
+MAX_THAWS = 2
+
+
+class SteadyWeightsRunner:
+    """AOTAutograd's forward graph of a model called with gradients on: its parameters
+    and buffers (`static`) are inputs an optimizer may change at every step. Runs with
+    the weights as inputs (`unfrozen`) until they hold still, then frozen as
+    constants (`frozen`, compiled then). Each call checks them (bridge/frozen.py); a
+    change while frozen drops the frozen code. The frozen graph computes the same
+    outputs, the tensors saved for backward included, so gradients are unchanged."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, static: tuple, opts: TorchOptions):
+        self.name = name
+        self.weights = FrozenWeights(static)
+        self.unfrozen = GraphRunner(gm, name, (), opts)
+        self.frozen = GraphRunner(gm, f"{name}_frozen", static, opts, check_weights=False)
+        self.calls = self.steady = self.thaws = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *args):
+        with self._lock:
+            changed = self.weights.changed(args)
+            if changed and self.steady >= STEADY_CALLS:
+                self.thaws += 1
+                log.info("braze: weights of graph %s changed while frozen (%d of %d); "
+                         "running it with weights as inputs", self.name, self.thaws, MAX_THAWS)
+                self.frozen.drop()
+            self.steady = 0 if changed or self.calls == 0 else self.steady + 1
+            self.calls += 1
+            use_frozen = self.steady >= STEADY_CALLS and self.thaws < MAX_THAWS
+        return (self.frozen if use_frozen else self.unfrozen)(*args)
 
 
 def _is_dynamic(gm: torch.fx.GraphModule) -> bool:

@@ -354,3 +354,77 @@ def test_fast_guards_still_see_a_replaced_submodule_and_weight(dict_tag_guards):
         torch.testing.assert_close(c(x), model(x), rtol=RTOL, atol=ATOL)
         model[0].bias.data.mul_(3)  # in place, through .data: no version bump
         torch.testing.assert_close(c(x), model(x), rtol=RTOL, atol=ATOL)
+
+
+def _conv_weight_graph():
+    """A make_fx graph of conv + bias + relu whose weight and bias are inputs 0 and 1
+    (what AOTAutograd's forward graph is for a model called with gradients on)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(w, b, x):
+        return (torch.relu(torch.nn.functional.conv2d(x, w, b, padding=1)),)
+
+    w, b, x = torch.randn(8, 3, 3, 3), torch.randn(8), torch.randn(1, 3, 10, 10)
+    return make_fx(f)(w, b, x), [w, b, x]
+
+
+def test_steady_weights_freeze_after_steady_calls_and_thaw_on_change(caplog):
+    """Structural: the forward graph runs with weights as inputs (the conv on torch)
+    until they held still STEADY_CALLS calls, then frozen (conv compiled by braze); an
+    in-place change thaws it; after MAX_THAWS thaws it stays unfrozen. Numeric: every
+    call matches eager."""
+    from bridge.options import TorchOptions
+    from bridge.torch_backend import MAX_THAWS, STEADY_CALLS, SteadyWeightsRunner
+
+    gm, (w, b, x) = _conv_weight_graph()
+    runner = SteadyWeightsRunner(gm, "t", (0, 1), TorchOptions(strict=True))
+
+    def call():
+        torch.testing.assert_close(runner(w, b, x)[0], gm(w, b, x)[0], rtol=RTOL, atol=ATOL)
+
+    for _ in range(STEADY_CALLS):
+        call()
+    assert (runner.unfrozen.compiles, runner.frozen.compiles) == (1, 0)
+    call()
+    assert runner.frozen.compiles == 1
+    spec = next(iter(runner.frozen._specs.values()))
+    assert all(c.compiled for c in spec.clusters)  # the conv with its weight packed
+    assert not all(c.compiled for c in next(iter(runner.unfrozen._specs.values())).clusters)
+    with caplog.at_level(logging.INFO, logger="braze"):
+        for thaw in range(MAX_THAWS):
+            w.mul_(0.5)  # an optimizer step
+            call()
+            assert runner.thaws == thaw + 1
+            for _ in range(STEADY_CALLS):
+                call()
+    assert "changed while frozen" in caplog.text
+    assert runner.frozen.compiles == MAX_THAWS  # the last thaw compiled nothing more
+    assert len(runner.frozen._specs) == 0 and runner.steady >= STEADY_CALLS
+
+
+def test_eval_model_with_gradients_on_matches_eager_outputs_and_gradients():
+    """An eval-mode model called without no_grad (its forward graph freezes after two
+    calls): outputs and parameter gradients match eager's on every call, and a training
+    loop afterwards (weights change each step) too."""
+    model = SmallResNet()
+    randomize_bn(model)
+    model.eval()
+    c = compiled(model)
+    x = torch.randn(2, 3, 16, 16)
+    for _ in range(4):
+        y, ref = c(x), model(x)
+        torch.testing.assert_close(y, ref, rtol=RTOL, atol=ATOL)
+        y.square().sum().backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        ref.square().sum().backward()
+        for g, p in zip(got, model.parameters()):
+            torch.testing.assert_close(g, p.grad, rtol=1e-3, atol=1e-4)
+        model.zero_grad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(3):
+        y, ref = c(x), model(x)
+        torch.testing.assert_close(y, ref, rtol=RTOL, atol=ATOL)
+        y.sum().backward()
+        opt.step()
+        opt.zero_grad()
