@@ -339,9 +339,8 @@ def explain_onnx(model, shapes: dict, target: str = "cpu", kernels: bool = False
     """`braze explain`: import at these shapes, plan, describe (with `kernels`, each
     compiled cluster's fusion plan too: kernels, their ops and implementations)."""
     from compiler.passes.fuse import describe_kernels
-    from importers.onnx import import_onnx
 
-    imported = import_onnx(model, input_shapes=shapes)
+    imported = _imported(model, shapes, {})  # as compile_onnx sees it: constants folded
     p = driver.plan(imported.graph, target)
     text = p.describe()
     return text + describe_kernels(imported.graph, p.clusters, target) if kernels else text
@@ -354,9 +353,8 @@ def compile_onnx_ptx(model, shapes: dict, arch: str | None = None,
     cluster) pairs, in step order. Needs no GPU. Without fallback, a host cluster is a
     CompileError."""
     from compiler.codegen import compile_graph
-    from importers.onnx import import_onnx
 
-    imported = import_onnx(model, input_shapes=shapes)
+    imported = _imported(model, shapes, {})
     if imported.value_inputs:
         raise BrazeError(f"cannot compile from shapes alone: braze needs the values of "
                          f"input(s) {', '.join(imported.value_inputs)}")

@@ -55,3 +55,12 @@ def test_random_and_run_time_host_nodes_stay():
         opset_imports=[helper.make_opsetid("", 17)])
     (host,) = [n for n in import_onnx(cumsum).graph.nodes if n.op == "host"]
     assert "computed at run time" in onnx_fold.refusal(host)
+
+
+def test_explain_shows_the_plan_compile_runs():
+    """`braze explain` folds constant host nodes as compile_onnx does: it reported
+    Swin's ScatterND mask builders as a host cluster that compiled models never run."""
+    from bridge.onnx_api import explain_onnx
+
+    text = explain_onnx(_model(), {})
+    assert "(host" not in text and "1 of 1 nodes compiled by braze" in text
