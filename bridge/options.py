@@ -88,9 +88,9 @@ class TorchOptions(Options):
     clusters and LLVM IR of each graph written there), `freeze` (parameters and buffers
     of inference graphs become constants), `strict` (an error in braze raises instead
     of running the graph eagerly) and `fast_guards` (turn on dynamo's recursive
-    dict-tag guards, process-wide: bridge/torch_backend.use_fast_guards). Here dynamo decides which dims are dynamic; an
-    inference graph with one symbolic length runs in buckets (bridge/torch_dynamic.py)
-    unless `dynamic` is "off"."""
+    dict-tag guards, process-wide: bridge/torch_backend.use_fast_guards). Here dynamo
+    decides which dims are dynamic; an inference graph with one symbolic length runs in
+    buckets (bridge/torch_dynamic.py) unless `dynamic` is "off"."""
 
     TARGETS = ("cpu",)
 

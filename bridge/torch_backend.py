@@ -16,10 +16,10 @@ AOTAutograd reports as static (parameters and buffers) become IR constants at
 the first call, so constant folding, batch-norm folding and weight packing apply,
 as inductor's freezing does. In a forward graph (gradients on) they do once they
 held still for STEADY_CALLS calls (SteadyWeightsRunner): an eval model called without
-no_grad gets the compiled convolutions, a training loop keeps weights as inputs. Each call checks the frozen tensors' storage, version
-counters and a sampled fingerprint of their values (bridge/frozen.py); a change (an
-optimizer step, load_state_dict, an update through `.data`) recompiles rather than
-run stale weights.
+no_grad gets the compiled convolutions, a training loop keeps weights as inputs.
+Each call checks the frozen tensors' storage, version counters and a sampled
+fingerprint of their values (bridge/frozen.py); a change (an optimizer step,
+load_state_dict, an update through `.data`) recompiles rather than run stale weights.
 
 Never breaks the user's program: an exception in braze's compile or run logs a
 WARNING on logger "braze" and runs that graph eagerly (option strict=True raises
@@ -334,17 +334,22 @@ class SteadyWeightsRunner:
         self._lock = threading.Lock()
 
     def __call__(self, *args):
-        with self._lock:
-            changed = self.weights.changed(args)
-            if changed and self.steady >= STEADY_CALLS:
-                self.thaws += 1
-                log.info("braze: weights of graph %s changed while frozen (%d of %d); "
-                         "running it with weights as inputs", self.name, self.thaws, MAX_THAWS)
-                self.frozen.drop()
-            self.steady = 0 if changed or self.calls == 0 else self.steady + 1
-            self.calls += 1
-            use_frozen = self.steady >= STEADY_CALLS and self.thaws < MAX_THAWS
+        with self._lock:  # once given up (MAX_THAWS), the weights are not even looked at
+            use_frozen = self.thaws < MAX_THAWS and self._steady_now(args)
         return (self.frozen if use_frozen else self.unfrozen)(*args)
+
+    def _steady_now(self, args) -> bool:
+        """Whether the weights held still for STEADY_CALLS calls, this one included; a
+        change while frozen is a thaw (the frozen code is dropped)."""
+        changed = self.weights.changed(args)
+        if changed and self.steady >= STEADY_CALLS:
+            self.thaws += 1
+            log.info("braze: weights of graph %s changed while frozen (%d of %d); "
+                     "running it with weights as inputs", self.name, self.thaws, MAX_THAWS)
+            self.frozen.drop()
+        self.steady = 0 if changed or self.calls == 0 else self.steady + 1
+        self.calls += 1
+        return self.steady >= STEADY_CALLS and self.thaws < MAX_THAWS
 
 
 def _is_dynamic(gm: torch.fx.GraphModule) -> bool:

@@ -399,7 +399,9 @@ def test_steady_weights_freeze_after_steady_calls_and_thaw_on_change(caplog):
                 call()
     assert "changed while frozen" in caplog.text
     assert runner.frozen.compiles == MAX_THAWS  # the last thaw compiled nothing more
-    assert len(runner.frozen._specs) == 0 and runner.steady >= STEADY_CALLS
+    calls = runner.calls
+    call()  # given up: the weights are no longer checked
+    assert len(runner.frozen._specs) == 0 and runner.calls == calls
 
 
 def test_eval_model_with_gradients_on_matches_eager_outputs_and_gradients():
