@@ -136,6 +136,11 @@ def decompositions() -> dict:
     # apart on OpInfo's inputs). torch says inductor must not use it; nor does braze:
     # the op runs on torch's own CPU kernel, as a host node.
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    # torch decomposes roll into index_select with a computed index (a gather in
+    # braze's IR, an index load per element); importers/fx_movement.py converts it
+    # into two slices and a concat, index arithmetic the consumer absorbs (Swin's
+    # shifted windows: 12 rolls of 56x56x96 and smaller activations per call).
+    table.pop(torch.ops.aten.roll.default, None)
     return table
 
 

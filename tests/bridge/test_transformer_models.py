@@ -80,3 +80,21 @@ def test_swin_window_attention_fused_without_copies(shift):
     # the qkv bias is the GEMM's epilogue, not added on every read of q, k and v
     (att,) = [k for k in ops if "attention" in k]
     assert "add" not in att, att
+
+
+def test_swin_shifted_window_attention_through_torch_compile_has_no_gathers(tmp_path):
+    """torch.compile: torch's roll reaches importers/fx_movement.py as roll (its core
+    decomposition is an index_select: a gather per element), so the shifted block's
+    kernels gather nothing but the relative-position bias inside the attention kernel."""
+    from torchvision.models.swin_transformer import ShiftedWindowAttention
+    torch.manual_seed(0)
+    block = ShiftedWindowAttention(32, [7, 7], [3, 3], 2).eval()
+    x = torch.randn(1, 28, 28, 32)
+    c = torch.compile(block, backend="braze",
+                      options={"strict": True, "dump_dir": str(tmp_path)})
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), block(x), rtol=1e-4, atol=1e-5)
+    (kernels,) = tmp_path.glob("*kernels.txt")
+    lines = [ln for ln in kernels.read_text().splitlines() if ln.startswith("  kernel")]
+    assert any("concat" in ln for ln in lines), lines  # the rolls
+    assert not any("gather" in ln and "attention" not in ln for ln in lines), lines
