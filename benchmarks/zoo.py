@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks import common, runtimes
 from benchmarks.common import OUT_DIR, RESULTS_MD, Settings, fmt, fmt_err
-from benchmarks.zoo_models import ZooModel, all_models
+from benchmarks.zoo_models import ZooModel, all_models, extra_models
 
 DEFAULT_WARMUP = 2
 DEFAULT_ROUNDS = 15
@@ -227,13 +227,15 @@ def results_section(payload: dict, note: str | None = None) -> str:
 
 
 def parse_args(argv):
-    names = [m.name for m in all_models()]
+    names = [m.name for m in all_models() + extra_models()]
     p = argparse.ArgumentParser(prog="python -m benchmarks.zoo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=names, metavar="MODEL",
                    help="models to run (default: all; --list names them)")
     p.add_argument("--family", choices=["conv", "transformer", "recurrent"],
                    help="only the models of one family")
+    p.add_argument("--extra", action="store_true",
+                   help="the models no issue names instead (zoo_models.extra_models)")
     p.add_argument("--list", action="store_true", help="print the model names and exit")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
@@ -249,9 +251,9 @@ def parse_args(argv):
 
 
 def selected(args) -> list[ZooModel]:
-    models = all_models()
+    models = extra_models() if args.extra else all_models()
     if args.models:
-        models = [m for m in models if m.name in args.models]
+        models = [m for m in all_models() + extra_models() if m.name in args.models]
     if args.family:
         models = [m for m in models if m.family == args.family]
     return models
@@ -260,7 +262,7 @@ def selected(args) -> list[ZooModel]:
 def main(argv=None) -> dict:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.list:
-        print("\n".join(f"{m.name} ({m.family})" for m in all_models()))
+        print("\n".join(f"{m.name} ({m.family})" for m in all_models() + extra_models()))
         return {}
     faulthandler.enable()
     common.configure_threads()
@@ -275,7 +277,8 @@ def main(argv=None) -> dict:
     print(report(payload))
     common.progress(f"wrote {common.write_json(payload, args.out / 'zoo.json')}")
     if args.update_results:
-        common.replace_section(RESULTS_MD, "zoo", results_section(payload, args.note))
+        section = "zoo-extra" if args.extra else "zoo"  # the extra models: their own table
+        common.replace_section(RESULTS_MD, section, results_section(payload, args.note))
         common.progress(f"updated {RESULTS_MD}")
     return payload
 

@@ -94,10 +94,11 @@ def torchvision_model(name: str, size: int = 224, **kwargs) -> ZooModel:
 
 class FirstOutput:
     """Wraps a module whose forward returns a tuple or a model-output object: only the
-    first tensor is kept, so every runtime compares one output. With `names`, the
-    positional inputs are passed to the module by those keywords."""
+    first tensor is kept (or, with `key`, the output dict's entry), so every runtime
+    compares one output. With `names`, the positional inputs are passed to the module
+    by those keywords."""
 
-    def __new__(cls, module, names: tuple[str, ...] = ()):
+    def __new__(cls, module, names: tuple[str, ...] = (), key: str | None = None):
         import torch
 
         class _First(torch.nn.Module):
@@ -108,6 +109,8 @@ class FirstOutput:
             def forward(self, *args):
                 kwargs = dict(zip(names, args))
                 out = self.inner(*args[len(kwargs):], **kwargs)
+                if key is not None:
+                    return out[key]
                 return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
 
         return _First(module).eval()
@@ -156,6 +159,65 @@ def hf_model(name: str) -> ZooModel:
     return ZooModel(name, "transformer", build)
 
 
+def segmentation_model(name: str, size: int = 224) -> ZooModel:
+    """A torchvision segmentation model (random weights, calibrated BN): its "out" map."""
+    def build():
+        import torch
+        import torchvision
+
+        torch.manual_seed(SEED)
+        module = getattr(torchvision.models.segmentation, name)(weights=None,
+                                                                weights_backbone=None)
+        calibrate_batchnorm(module, size)
+        return FirstOutput(module, key="out"), [image(size)]
+
+    return ZooModel(name, "conv", build, note="segmentation")
+
+
+def video_model(name: str, frames: int = 8, size: int = 112) -> ZooModel:
+    """A torchvision video model (3-d convolutions) on `frames` frames of size x size."""
+    def build():
+        import torch
+        import torchvision
+
+        torch.manual_seed(SEED)
+        module = getattr(torchvision.models.video, name)(weights=None)
+        rng = np.random.default_rng(SEED)
+        clip = rng.standard_normal((1, 3, frames, size, size), dtype=np.float32)
+        bns = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        for m in bns:
+            m.reset_running_stats()
+            m.momentum = None
+        module.train()
+        with torch.no_grad():
+            module(torch.from_numpy(rng.standard_normal((2, 3, frames, size, size),
+                                                        dtype=np.float32)))
+        return module.eval(), [clip]
+
+    return ZooModel(name, "conv", build, note="video, 3-d convolutions")
+
+
+def hf_encoder(name: str, model_class: str, config_class: str, seq: int = SEQ,
+               **config) -> ZooModel:
+    """Any `transformers` encoder from its default config updated by `config` (random
+    weights) on `seq` random token ids and a mask of ones; the last hidden state is
+    compared."""
+    def build():
+        import torch
+        import transformers
+
+        torch.manual_seed(SEED)
+        cfg = getattr(transformers, config_class)(attn_implementation="eager", **config)
+        cfg.use_cache = False
+        module = getattr(transformers, model_class)(cfg)
+        rng = np.random.default_rng(SEED)
+        ids = rng.integers(0, VOCAB, size=(1, seq), dtype=np.int64)
+        return (FirstOutput(module, ("input_ids", "attention_mask")),
+                [ids, np.ones((1, seq), dtype=np.int64)])
+
+    return ZooModel(name, "transformer", build)
+
+
 def rnn(kind: str) -> ZooModel:
     """nn.LSTM or nn.GRU, 2 layers, hidden 256, input 256, batch-first, seq SEQ."""
     def build():
@@ -183,4 +245,28 @@ def all_models() -> list[ZooModel]:
     models += [torchvision_model("vit_b_16"), torchvision_model("swin_t"),
                encoder(fast_path=False), encoder(fast_path=True),
                hf_model("bert_base"), hf_model("gpt2"), rnn("LSTM"), rnn("GRU")]
+    return models
+
+
+def extra_models() -> list[ZooModel]:
+    """Models no issue names (`python -m benchmarks.zoo --extra`): other torchvision
+    classifiers (grouped, fused-MBConv, plain VGG/AlexNet, MaxViT, Swin V2), segmentation
+    (dilated convs, upsampling), video (3-d and (2+1)-d convs) and other `transformers`
+    encoders. Not in the default run, for time; a check that braze's capabilities are
+    general, not a table of the named models."""
+    models = [torchvision_model(n) for n in (
+        "resnext50_32x4d", "mnasnet1_0", "mobilenet_v3_large", "efficientnet_v2_s",
+        "regnet_x_400mf", "alexnet", "vgg11_bn", "shufflenet_v2_x0_5", "maxvit_t",
+        "vit_b_32")]
+    models.append(torchvision_model("swin_v2_t", size=256))
+    models += [segmentation_model("lraspp_mobilenet_v3_large"),
+               segmentation_model("deeplabv3_mobilenet_v3_large"),
+               video_model("r3d_18"), video_model("r2plus1d_18")]
+    models += [hf_encoder("distilbert", "DistilBertModel", "DistilBertConfig"),
+               hf_encoder("roberta", "RobertaModel", "RobertaConfig"),
+               # ALBERT's default config is xxlarge (hidden 4096): base sizes instead
+               hf_encoder("albert", "AlbertModel", "AlbertConfig", hidden_size=768,
+                          num_attention_heads=12, intermediate_size=3072),
+               hf_encoder("electra", "ElectraModel", "ElectraConfig"),
+               hf_encoder("t5_encoder", "T5EncoderModel", "T5Config")]
     return models

@@ -103,3 +103,22 @@ def test_cpu_targets_get_their_own_runtime_and_column(tmp_path):
     table = zoo.report({"cases": [case]})
     assert "(compile_onnx, cpu:znver3) ms (vs best)" in table and "3.00 (0.75x)" in table
     assert "braze (compile_onnx, cpu:znver3): 0.75x over 1 models" in table
+
+
+def test_extra_models_are_apart_from_the_named_ones_and_selected_by_flag():
+    named = {m.name for m in zoo_models.all_models()}
+    extra = [m.name for m in zoo_models.extra_models()]
+    assert len(extra) == len(set(extra)) and not named & set(extra)
+    assert [m.name for m in zoo.selected(zoo.parse_args(["--extra"]))] == extra
+    picked = zoo.selected(zoo.parse_args(["--models", "vgg11_bn", "resnet18"]))
+    assert {m.name for m in picked} == {"vgg11_bn", "resnet18"}
+
+
+def test_segmentation_wrapper_returns_the_out_map():
+    class Seg(torch.nn.Module):
+        def forward(self, x):
+            return {"out": x * 2, "aux": x}
+
+    m = zoo_models.FirstOutput(Seg(), key="out")
+    x = torch.ones(1, 3)
+    torch.testing.assert_close(m(x), x * 2)
