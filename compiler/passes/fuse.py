@@ -186,6 +186,7 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
                 reasons.setdefault(n.outputs[0], f"{n.op} result: written by its own kernel")
             for u in n.inputs:
                 if fold_operands and _folds(n, u, target):
+                    _materialize_under_fold(n, u, reasons)
                     continue  # read through its movement ops while it is packed
                 if n.op == "recurrence":
                     u = recurrent.source(u)  # read in place through reshapes
@@ -214,6 +215,28 @@ def _folds(node: Node, u: Value, target) -> bool:
     if impl == choice.ATTENTION:
         return u.producer is not None and u.producer.opdef.family is Family.MOVEMENT
     return impl == choice.BATCHED and batched.folds_operand(node, u)
+
+
+def _materialize_under_fold(node: Node, u: Value, reasons: dict) -> None:
+    """A folded operand is computed inside the packing loop, element by element: its
+    expression may hold movement and elementwise ops only. Give a buffer to every value
+    under it made by anything else (a reduction, a pool, another contraction): Swin V2's
+    cosine attention normalizes K (x / max(sqrt(sum(x * x)), eps)) right under the
+    transpose its batched GEMM reads through, and the emitter cannot inline a sum."""
+    inline = (Family.MOVEMENT, Family.ELEMENTWISE)
+    stack, seen = [u], set()
+    while stack:
+        v = stack.pop()
+        p = v.producer
+        if v in seen or p is None or p.op == "const" or v in reasons:
+            continue
+        seen.add(v)
+        if p.opdef.family in inline:
+            stack.extend(p.inputs)
+        else:
+            reasons[v] = (f"{p.op} result under a folded operand of {node.op} "
+                          f"%{node.outputs[0].name}: only movement and elementwise ops "
+                          "are computed while it is packed")
 
 
 def _epilogue(node: Node, at: int, users: dict, graph: Graph, claimed: set) -> list[Node]:

@@ -160,3 +160,30 @@ graph mm(%a: f32[3,0], %w: f32[0,4]) -> (%y) {
     assert "empty operand" in batched.refusal(g.nodes[-1])
     y, = CpuStep(compile_graph(g)).run([np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32)])
     np.testing.assert_array_equal(y, np.zeros((3, 4), np.float32))
+
+
+def test_a_reduction_under_a_folded_operand_gets_its_own_kernel():
+    """Swin V2's cosine attention: K is normalized (a sum over its rows) right under the
+    transpose the GEMM reads through. The elementwise part (div) is still computed while
+    packing; the sum is a row kernel of its own (the emitter could not inline it: it
+    raised 'no float emitter for reduce_sum')."""
+    g = parse_graph("""
+graph qk(%q: f32[2,16,8], %k: f32[2,12,8]) -> (%y) {
+  %kk = mul(%k, %k) : f32[2,12,8]
+  %ss = reduce_sum(%kk) {axes=[2], keepdims=true} : f32[2,12,1]
+  %nn = sqrt(%ss) : f32[2,12,1]
+  %nb = broadcast(%nn) {shape=[2,12,8]} : f32[2,12,8]
+  %kn = div(%k, %nb) : f32[2,12,8]
+  %kt = transpose(%kn) {perm=[0,2,1]} : f32[2,8,12]
+  %y = matmul(%q, %kt) : f32[2,16,12]
+}
+""")
+    cg = compile_graph(g)
+    kinds = {k.kind: [n.op for n in k.nodes] for k in cg.kernels}
+    assert "reduce_sum" not in kinds["contraction"] and "div" in kinds["contraction"]
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 16, 8), np.float32), rng.standard_normal((2, 12, 8),
+                                                                             np.float32)
+    (y,) = CpuStep(cg)([q, k])
+    kn = k / np.sqrt((k * k).sum(-1, keepdims=True))
+    np.testing.assert_allclose(y, q @ kn.transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
