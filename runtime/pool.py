@@ -1,0 +1,74 @@
+"""The threads braze's kernels share their loops with (compiler/codegen/parallel.py).
+
+Compiled code calls `braze_parallel`; `install()` (once per process, before any
+cluster's code is loaded: runtime/cpu.py's JitModule calls it) compiles the definition
+this machine gets and registers its address under that name, so every loaded cluster
+calls it:
+
+- braze's own pool (`parallel.pool_module`) on Linux x86_64 and AArch64: its workers
+  are daemon Python threads, each inside one ctypes call of `braze_worker(id)` that
+  never returns (ctypes releases the GIL: they never run Python again);
+  `ensure_workers(n)` starts them as clusters ask for threads. After a fork the child
+  has none of its parent's threads: its first `ensure_workers` starts its own (until
+  then its kernels run on the calling thread, which the pool does without waiting);
+- GNU OpenMP's `GOMP_parallel` elsewhere, or when BRAZE_THREAD_POOL=gomp (the team's
+  static halves, as before the pool: to compare);
+- the calling thread alone where libgomp is missing too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+
+import llvmlite.binding as llvm
+
+from compiler import target as targets
+from compiler.codegen import llvm_cpu, parallel
+
+ENV = "BRAZE_THREAD_POOL"  # "gomp": OpenMP's static split instead of braze's pool
+_WORKER = ctypes.CFUNCTYPE(None, ctypes.c_int32)
+_lock = threading.Lock()
+_state = {"workers": 0, "pid": os.getpid()}
+
+
+@functools.cache
+def install() -> str:
+    """Compile and register `braze_parallel` for this process; returns which one:
+    "pool", "gomp" or "serial"."""
+    from runtime.cpu import JitModule  # runtime/cpu.py imports this module
+
+    triple = targets.host().triple
+    if parallel.has_pool(triple) and os.environ.get(ENV, "pool") != "gomp":
+        kind, text = "pool", parallel.pool_module(triple)
+    elif llvm_cpu.libgomp():
+        kind, text = "gomp", parallel.gomp_module(triple)
+    else:
+        kind, text = "serial", parallel.serial_module(triple)
+    jit = JitModule(object_code=llvm_cpu.compile_ir(text), own_symbols=True)
+    llvm.add_symbol(parallel.PARALLEL, jit.address(parallel.PARALLEL))
+    _state["jit"] = jit  # the code stays loaded for the life of the process
+    if kind == "pool":
+        _state["worker"] = _WORKER(jit.address(parallel.WORKER))
+    return kind
+
+
+def ensure_workers(threads: int) -> None:
+    """At least `threads - 1` workers running (braze's pool only; the caller is the
+    first thread of every job)."""
+    if install() != "pool":
+        return
+    with _lock:
+        if _state["pid"] != os.getpid():  # a forked child: its parent's workers are gone
+            _state["pid"], _state["workers"] = os.getpid(), 0
+        for i in range(_state["workers"], threads - 1):
+            threading.Thread(target=_state["worker"], args=(i,), daemon=True,
+                             name=f"braze-worker-{i}").start()
+            _state["workers"] = i + 1
+
+
+def workers() -> int:
+    """Workers started in this process."""
+    return _state["workers"] if _state["pid"] == os.getpid() else 0
