@@ -8,11 +8,10 @@ calls it:
 - braze's own pool (`parallel.pool_module`) on Linux x86_64 and AArch64: its workers
   are daemon Python threads, each inside one ctypes call of `braze_worker(id)` that
   never returns (ctypes releases the GIL: they never run Python again);
-  `ensure_workers(n)` starts them as clusters ask for threads. After a fork the child
-  has none of its parent's threads: its first `ensure_workers` starts its own (until
-  then its kernels run on the calling thread, which the pool does without waiting);
-- GNU OpenMP's `GOMP_parallel` elsewhere, or when BRAZE_THREAD_POOL=gomp (the team's
-  static halves, as before the pool: to compare);
+  `ensure_workers(n)` starts them as clusters ask for threads. A forked child has none
+  of its parent's threads: it resets the pool and starts as many workers of its own;
+- GNU OpenMP's `GOMP_parallel` elsewhere, or when BRAZE_THREAD_POOL=gomp (each thread
+  of the team a static share, as before the pool: to compare);
 - the calling thread alone where libgomp is missing too.
 """
 
@@ -30,8 +29,9 @@ from compiler.codegen import llvm_cpu, parallel
 
 ENV = "BRAZE_THREAD_POOL"  # "gomp": OpenMP's static split instead of braze's pool
 _WORKER = ctypes.CFUNCTYPE(None, ctypes.c_int32)
+_RESET = ctypes.CFUNCTYPE(None)
 _lock = threading.Lock()
-_state = {"workers": 0, "pid": os.getpid()}
+_state = {"workers": 0}
 
 
 @functools.cache
@@ -52,7 +52,17 @@ def install() -> str:
     _state["jit"] = jit  # the code stays loaded for the life of the process
     if kind == "pool":
         _state["worker"] = _WORKER(jit.address(parallel.WORKER))
+        _state["reset"] = _RESET(jit.address(parallel.RESET))
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork)
     return kind
+
+
+def address() -> int:
+    """Where the installed `braze_parallel` is (void (ptr nest, ptr table, i64 outer,
+    i32 threads))."""
+    install()
+    return _state["jit"].address(parallel.PARALLEL)
 
 
 def ensure_workers(threads: int) -> None:
@@ -61,8 +71,6 @@ def ensure_workers(threads: int) -> None:
     if install() != "pool":
         return
     with _lock:
-        if _state["pid"] != os.getpid():  # a forked child: its parent's workers are gone
-            _state["pid"], _state["workers"] = os.getpid(), 0
         for i in range(_state["workers"], threads - 1):
             threading.Thread(target=_state["worker"], args=(i,), daemon=True,
                              name=f"braze-worker-{i}").start()
@@ -71,4 +79,13 @@ def ensure_workers(threads: int) -> None:
 
 def workers() -> int:
     """Workers started in this process."""
-    return _state["workers"] if _state["pid"] == os.getpid() else 0
+    return _state["workers"]
+
+
+def _after_fork() -> None:
+    """In a forked child: the pool idle, and as many workers as the parent had."""
+    global _lock
+    _lock = threading.Lock()  # the parent's may have been held by another thread
+    wanted, _state["workers"] = _state["workers"], 0
+    _state["reset"]()
+    ensure_workers(wanted + 1)

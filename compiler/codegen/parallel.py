@@ -38,6 +38,7 @@ from compiler.target import arch_of
 
 PARALLEL = "braze_parallel"  # void (ptr nest, ptr table, i64 outer, i32 threads)
 WORKER = "braze_worker"  # void (i32 id): worker `id` (0-based) of the pool, forever
+RESET = "braze_pool_reset"  # void (): the pool idle, no worker asleep (a forked child's)
 
 # A claim takes the items left / (CLAIM_DIVISOR * threads): large ranges first (few
 # claims, each thread's items contiguous), single items at the end (the threads finish
@@ -277,6 +278,15 @@ class _Pool:
         b.branch(poll)
         b.position_at_end(out)
 
+    def reset(self) -> None:
+        """void braze_pool_reset(): what a forked child calls before it starts its own
+        workers (it may have been forked while a job ran or a worker slept)."""
+        fn = ir.Function(self.m, ir.FunctionType(VOID, []), RESET)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self._store(b, _c(0, I32), self.busy, "seq_cst")
+        self._store(b, _c(0, I32), self.sleepers, "seq_cst")
+        b.ret_void()
+
     def worker(self) -> None:
         """void braze_worker(i32 id): wait for a job (poll, then sleep), take part in it
         if the job asks for more than id + 1 threads, wait for the next."""
@@ -321,8 +331,10 @@ class _Pool:
 
 
 def pool_module(triple: str) -> str:
-    """The pool's `braze_parallel` and `braze_worker` (has_pool(triple) must hold)."""
+    """The pool's `braze_parallel`, `braze_worker` and `braze_pool_reset` (has_pool(triple)
+    must hold)."""
     p = _Pool(triple)
     p.parallel()
     p.worker()
+    p.reset()
     return str(p.m)
