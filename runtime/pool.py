@@ -47,7 +47,11 @@ def install() -> str:
         kind, text = "gomp", parallel.gomp_module(triple)
     else:
         kind, text = "serial", parallel.serial_module(triple)
-    jit = JitModule(object_code=llvm_cpu.compile_ir(text), own_symbols=True)
+    # handed to the engine as IR: a few loops need no optimizer, and loading a saved
+    # artifact runs none (tests/bridge/test_artifact.py)
+    module = llvm.parse_assembly(text)
+    module.verify()
+    jit = JitModule(module=module, own_symbols=True)
     llvm.add_symbol(parallel.PARALLEL, jit.address(parallel.PARALLEL))
     _state["jit"] = jit  # the code stays loaded for the life of the process
     if kind == "pool":

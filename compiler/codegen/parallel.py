@@ -8,10 +8,13 @@ picked where the code is loaded (runtime/pool.py) or linked (aot.py):
 - `pool_module`: braze's own workers (started by runtime/pool.py, each running
   `braze_worker(id)`). The caller posts the job and takes ranges itself; workers that
   see it in time take ranges too. Ranges are claimed from one shared counter (guided:
-  each claim takes the items left / (CLAIM_DIVISOR * threads), at least one), so the
-  caller waits only for ranges a worker has claimed and is running, never for a worker
-  that has not shown up: when the machine is oversubscribed (more runnable threads
-  than cores) a descheduled worker costs nothing but its share of the speed-up. With
+  each claim takes the items left / (CLAIM_DIVISOR * threads), at least one), the
+  caller from the front of the items left and the first worker from the back, so on two
+  threads each one's items are one contiguous stretch, as in a static split (a GEMM's
+  tiles sharing a weight panel stay on one core), wherever they meet. The caller waits
+  only for ranges a worker has claimed and is running, never for a worker that has not
+  shown up: when the machine is oversubscribed (more runnable threads than cores) a
+  descheduled worker costs nothing but its share of the speed-up. With
   OpenMP's fork/join each kernel waited for every thread of the team to be scheduled,
   then for the slowest static half (measured: the fusion MLP block, 0.75 ms alone,
   took 11-49 ms with two other busy processes on the two cores).
@@ -21,10 +24,11 @@ picked where the code is loaded (runtime/pool.py) or linked (aot.py):
   (shared libraries written by bridge/export_c.py, which start no workers of their own).
 - `serial_module`: the caller runs it all (no threads to be had).
 
-The claim counter holds a job's generation in its high 32 bits and the next item in
-its low 32: a worker late for a job whose items are all claimed (or a newer job) fails
-its compare-and-swap and takes nothing, so it never runs a stale job's nest or table.
-Jobs have at most MAX_ITEMS items (more run on the caller alone). One job at a time:
+The claim counter holds a job's generation in its high 32 bits and the front and back
+of the grains left in its low 32: a worker late for a job whose items are all claimed
+(or a newer job) fails its compare-and-swap and takes nothing, so it never runs a stale
+job's nest or table. Jobs have at most MAX_ITEMS items (more run on the caller alone).
+One job at a time:
 a second caller (another Python thread running a cluster at the same moment) finds the
 pool busy and runs its kernel on its own thread.
 """
@@ -53,8 +57,13 @@ WORKER_SPINS = 8192
 # workers before it yields its core at each further poll (a worker descheduled
 # mid-range needs a core).
 WAIT_SPINS = 2048
-# Items a job may have: the claim counter's low 32 bits hold the next item.
-MAX_ITEMS = (1 << 31) - 1
+# The claim counter's low 32 bits hold the front and back ends of the grains left,
+# GRAIN_BITS each: a job of more items than GRAIN_MASK splits them into GRAIN_MASK
+# grains (grain g: items [g outer / G, (g + 1) outer / G)), claimed as items are.
+GRAIN_BITS = 16
+GRAIN_MASK = (1 << GRAIN_BITS) - 1
+# Items a job may have (outer * GRAIN_MASK must fit 63 bits); more run on the caller.
+MAX_ITEMS = 1 << 46
 
 # Linux futex(2): the system call's number per architecture and its private operations.
 FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}
@@ -144,6 +153,11 @@ def _module(name: str, triple: str) -> ir.Module:
     return m
 
 
+def _grains(b: ir.IRBuilder, outer):
+    """A job's grains: min(outer, GRAIN_MASK)."""
+    return _min(b, outer, _c(GRAIN_MASK))
+
+
 def _min(b: ir.IRBuilder, x, y):
     return b.select(b.icmp_signed("<", x, y), x, y)
 
@@ -196,14 +210,16 @@ class _Pool:
     def _futex(self, b: ir.IRBuilder, op: int, value) -> None:
         syscall = self.m.globals.get("syscall") or ir.Function(
             self.m, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
-        b.call(syscall, [_c(FUTEX_SYSCALL[self.arch]), self.epoch, _c(op, I32), value,
-                         ir.Constant(PTR, None)])
+        # syscall(2) reads its arguments as longs: pass 64-bit words
+        b.call(syscall, [_c(FUTEX_SYSCALL[self.arch]), self.epoch, _c(op),
+                         b.zext(value, I64), ir.Constant(PTR, None)])
 
     def _work(self) -> ir.Function:
-        """void work(i64 gen): claim and run ranges of job `gen` until none is left."""
-        fn = ir.Function(self.m, ir.FunctionType(VOID, [I64]), "braze.pool.work")
+        """void work(i64 gen, i1 back): claim and run ranges of job `gen`, from the back
+        end of the grains left or from the front, until none is left."""
+        fn = ir.Function(self.m, ir.FunctionType(VOID, [I64, I1]), "braze.pool.work")
         fn.linkage = "internal"
-        gen = fn.args[0]
+        gen, back_end = fn.args
         entry = fn.append_basic_block("entry")
         claim, check, run, leave = (fn.append_basic_block(n) for n in
                                     ("claim", "check", "run", "leave"))
@@ -215,15 +231,21 @@ class _Pool:
         b.position_at_end(check)
         nest, table, outer, threads = (self._load(b, self._field(b, i), ty, "monotonic")
                                        for i, ty in enumerate([PTR, PTR, I64, I64]))
-        lo = b.and_(t, _c(0xFFFFFFFF))
-        with b.if_then(b.icmp_unsigned(">=", lo, outer)):
+        front = b.and_(b.lshr(t, _c(GRAIN_BITS)), _c(GRAIN_MASK))
+        back = b.and_(t, _c(GRAIN_MASK))
+        with b.if_then(b.icmp_unsigned(">=", front, back)):
             b.branch(leave)
-        size = b.udiv(b.sub(outer, lo), b.mul(threads, _c(CLAIM_DIVISOR)))
+        size = b.udiv(b.sub(back, front), b.mul(threads, _c(CLAIM_DIVISOR)))
         size = b.select(b.icmp_unsigned("<", size, _c(1)), _c(1), size)
-        pair = b.cmpxchg(self.ticket, t, b.add(t, size), "acq_rel", "acquire")
+        # the front end's claim adds size << GRAIN_BITS; the back end's takes size off
+        new = b.select(back_end, b.sub(t, size), b.add(t, b.shl(size, _c(GRAIN_BITS))))
+        first = b.select(back_end, b.sub(back, size), front)
+        pair = b.cmpxchg(self.ticket, t, new, "acq_rel", "acquire")
         b.cbranch(b.extract_value(pair, 1), run, claim)
         b.position_at_end(run)
-        b.call(_Indirect(nest, NEST), [table, lo, b.add(lo, size)])
+        grains = _grains(b, outer)
+        item = lambda g: b.udiv(b.mul(g, outer), grains)  # noqa: E731
+        b.call(_Indirect(nest, NEST), [table, item(first), item(b.add(first, size))])
         b.atomic_rmw("add", self.done, size, "release")
         b.branch(claim)
         b.position_at_end(leave)
@@ -251,25 +273,26 @@ class _Pool:
         self._store(b, _c(0), self.done, "monotonic")
         gen = b.and_(b.add(b.lshr(self._load(b, self.ticket, I64, "monotonic"), _c(32)),
                            _c(1)), _c(0xFFFFFFFF))
-        self._store(b, b.shl(gen, _c(32)), self.ticket, "seq_cst")
+        grains = _grains(b, outer)
+        self._store(b, b.or_(b.shl(gen, _c(32)), grains), self.ticket, "seq_cst")
         b.atomic_rmw("add", self.epoch, _c(1, I32), "seq_cst")
         with b.if_then(b.icmp_signed(">", self._load(b, self.sleepers, I32, "seq_cst"),
                                      _c(0, I32))):
             self._futex(b, FUTEX_WAKE_PRIVATE, _c(WAKE_ALL, I32))
-        b.call(self.work, [gen])
-        self._wait_done(b, fn, outer)
+        b.call(self.work, [gen, ir.Constant(I1, 0)])
+        self._wait_done(b, fn, grains)
         self._store(b, _c(0, I32), self.busy)
         b.ret_void()
 
-    def _wait_done(self, b: ir.IRBuilder, fn: ir.Function, outer) -> None:
-        """Poll until every item is done; past WAIT_SPINS polls, yield the core at each."""
+    def _wait_done(self, b: ir.IRBuilder, fn: ir.Function, grains) -> None:
+        """Poll until every grain is done; past WAIT_SPINS polls, yield the core at each."""
         pre = b.block
         poll, idle, out = (fn.append_basic_block(n) for n in ("poll", "idle", "finished"))
         b.branch(poll)
         b.position_at_end(poll)
         spins = b.phi(I64)
         spins.add_incoming(_c(0), pre)
-        b.cbranch(b.icmp_unsigned("==", self._load(b, self.done, I64), outer), out, idle)
+        b.cbranch(b.icmp_unsigned("==", self._load(b, self.done, I64), grains), out, idle)
         b.position_at_end(idle)
         self._pause(b)
         with b.if_then(b.icmp_unsigned(">=", spins, _c(WAIT_SPINS))):
@@ -322,8 +345,9 @@ class _Pool:
         b.position_at_end(got)
         threads = self._load(b, self._field(b, 3), I64, "monotonic")
         wanted = b.icmp_signed("<", b.add(b.sext(b_id, I64), _c(1)), threads)
-        with b.if_then(wanted):
-            b.call(self.work, [b.lshr(self._load(b, self.ticket, I64), _c(32))])
+        with b.if_then(wanted):  # even ids from the back, odd ones from the front
+            b.call(self.work, [b.lshr(self._load(b, self.ticket, I64), _c(32)),
+                               b.trunc(b.xor(b_id, _c(1, I32)), I1)])
         # a worker the job did not want goes straight back to sleep (no polling)
         seen.add_incoming(now, b.block)
         spins.add_incoming(b.select(wanted, _c(0), _c(WORKER_SPINS)), b.block)

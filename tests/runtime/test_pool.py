@@ -94,6 +94,14 @@ def test_the_pool_runs_every_item_once():
 
 
 @pool_only
+def test_more_items_than_grains_run_once_each():
+    pool.ensure_workers(2)
+    jit, nest = _counting_nest()
+    outers = (parallel.GRAIN_MASK + 1, 3 * parallel.GRAIN_MASK + 7)
+    _check_exactly_once(_PARALLEL(pool.address()), nest, outers, threads=(2, 3), repeats=3)
+
+
+@pool_only
 def test_concurrent_callers_each_get_all_their_items():
     pool.ensure_workers(2)
     jit, nest = _counting_nest()
