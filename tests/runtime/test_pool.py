@@ -81,7 +81,7 @@ graph g(%x: f32[256,512]) -> (%y) {
 }
 """)
     text = compile_graph(g).llvm_ir
-    assert f'@"{parallel.PARALLEL}"' in text and "GOMP_parallel" not in text
+    assert f'call void @"{parallel.PARALLEL}"' in text and "GOMP_parallel" not in text
 
 
 # -- numbers --------------------------------------------------------------------------
