@@ -16,8 +16,10 @@ picked where the code is loaded (runtime/pool.py) or linked (aot.py):
   shown up: when the machine is oversubscribed (more runnable threads than cores) a
   descheduled worker costs nothing but its share of the speed-up. With
   OpenMP's fork/join each kernel waited for every thread of the team to be scheduled,
-  then for the slowest static half (measured: the fusion MLP block, 0.75 ms alone,
-  took 11-49 ms with two other busy processes on the two cores).
+  then for the slowest static half. Measured on 2 cores with other processes running
+  (load 5-9), both in one process, interleaved: the fusion MLP block (0.75 ms alone)
+  3.9 ms median with the pool against 27 ms with OpenMP; ResNet-50 batch 1 182 against
+  892 ms; Swin-T 214 against 614 ms.
   A worker polls for the next job WORKER_SPINS times (kernels follow each other within
   microseconds), then sleeps on a futex; the caller wakes sleepers only when there are.
 - `gomp_module`: GNU OpenMP's `GOMP_parallel`, each thread of the team a static share
@@ -28,9 +30,10 @@ The claim counter holds a job's generation in its high 32 bits and the front and
 of the grains left in its low 32: a worker late for a job whose items are all claimed
 (or a newer job) fails its compare-and-swap and takes nothing, so it never runs a stale
 job's nest or table. Jobs have at most MAX_ITEMS items (more run on the caller alone).
-One job at a time:
-a second caller (another Python thread running a cluster at the same moment) finds the
-pool busy and runs its kernel on its own thread.
+One job at a time: a second caller (another Python thread running a cluster at the same
+moment) finds the pool busy and runs its kernel on its own thread. Each item runs once
+on one thread, and an item's arithmetic does not depend on which: results are the same
+bits for any thread count.
 """
 
 from __future__ import annotations
