@@ -30,14 +30,20 @@ from compiler.codegen import llvm_cpu, parallel
 ENV = "BRAZE_THREAD_POOL"  # "gomp": OpenMP's static split instead of braze's pool
 _WORKER = ctypes.CFUNCTYPE(None, ctypes.c_int32)
 _RESET = ctypes.CFUNCTYPE(None)
-_lock = threading.Lock()
+_lock = threading.Lock()  # held while workers start
+_install_lock = threading.Lock()
 _state = {"workers": 0}
 
 
-@functools.cache
 def install() -> str:
-    """Compile and register `braze_parallel` for this process; returns which one:
-    "pool", "gomp" or "serial"."""
+    """Compile and register `braze_parallel` for this process, once (whichever thread
+    asks first); returns which one: "pool", "gomp" or "serial"."""
+    with _install_lock:
+        return _install()
+
+
+@functools.cache
+def _install() -> str:
     from runtime.cpu import JitModule  # runtime/cpu.py imports this module
 
     triple = targets.host().triple
@@ -88,8 +94,9 @@ def workers() -> int:
 
 def _after_fork() -> None:
     """In a forked child: the pool idle, and as many workers as the parent had."""
-    global _lock
-    _lock = threading.Lock()  # the parent's may have been held by another thread
+    global _lock, _install_lock
+    # the parent's locks may have been held by another thread
+    _lock, _install_lock = threading.Lock(), threading.Lock()
     wanted, _state["workers"] = _state["workers"], 0
     _state["reset"]()
     ensure_workers(wanted + 1)
