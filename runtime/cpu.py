@@ -26,6 +26,7 @@ from compiler import target as targets
 from compiler.codegen import faults, llvm_cpu
 from compiler.codegen.memory import ALIGN
 from compiler.errors import CompileError, InputError
+from runtime import pool
 
 _RUN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)
 _RUN_PROFILED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
@@ -36,9 +37,14 @@ class JitModule:
     """Loaded code (a parsed module or object code): function addresses stay valid while
     this object lives."""
 
-    def __init__(self, module: llvm.ModuleRef | None = None, object_code: bytes | None = None):
+    def __init__(self, module: llvm.ModuleRef | None = None, object_code: bytes | None = None,
+                 own_symbols: bool = False):
+        """`own_symbols`: the code calls nothing braze defines (runtime/pool.py's own code,
+        loaded before `braze_parallel` exists)."""
         llvm_cpu.init()
         llvm_cpu.libgomp()
+        if not own_symbols:
+            pool.install()  # compiled code calls braze_parallel
         with _lock:
             # an engine owns (and frees) its target machine: give it its own
             self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
@@ -102,6 +108,7 @@ class CpuStep:
         if not isinstance(threads, int) or threads < 1:
             raise CompileError(f"threads must be a positive integer, got {threads!r}")
         self.threads = threads
+        pool.ensure_workers(threads)
 
     def __call__(self, arrays: list) -> list[np.ndarray]:
         return self.run(arrays)

@@ -6,9 +6,12 @@ cluster's module is optimized exactly as the JIT's is (the same IR, the same -O3
 pipeline, hence the same arithmetic), then, before emission:
 - its entry is renamed (`<prefix>_run`) and every other definition made internal, so
   clusters' kernels never clash with each other or with the program's own symbols;
+- `braze_parallel` (compiler/codegen/parallel.py) is linked in as its OpenMP
+  definition (a library starts no threads of its own: GOMP_parallel's team shares the
+  kernels' items), internal like the rest;
 - with `threads == 1`, its references to libgomp become weak: the entry only calls
-  `GOMP_parallel` when given more than one thread, so a one-thread library links and
-  runs without libgomp;
+  `braze_parallel` or `GOMP_parallel` when given more than one thread, so a one-thread
+  library links and runs without libgomp;
 and the object is emitted position-independent (a shared object needs it).
 
 Cross-compiling: for a compiler/target.py Target other than the host (e.g.
@@ -21,7 +24,7 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 
 from compiler import target as targets
-from compiler.codegen import llvm_cpu
+from compiler.codegen import llvm_cpu, parallel
 from compiler.errors import CompileError
 from compiler.target import Target
 
@@ -34,7 +37,8 @@ def library_object(llvm_ir: str, prefix: str, threads: int, target: Target) -> b
     rendered for that target), whose only global definition is `<prefix>_run(void
     **table, int32 threads)`."""
     try:
-        module = llvm_cpu.optimize(llvm_ir, target)
+        module = llvm_cpu.optimize(llvm_ir, target,
+                                   link=(parallel.gomp_module(target.triple),))
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected braze's IR: {e}") from None
     _internalize(module, prefix)

@@ -1,10 +1,12 @@
 """Render a cluster's fusion plan as one LLVM module for the CPU.
 
 Every kernel of compiler.passes.fuse.plan becomes a loop nest function
-`k<i>(ptr bufs, i64 lo, i64 hi)` over rows [lo, hi) of its outer loop, plus an
-OpenMP outlined function that hands each thread of the team its share of the
-rows; `run(ptr bufs, i32 threads)` calls the kernels in order (through
-`GOMP_parallel` when a kernel is big enough). One ctypes call runs the cluster.
+`k<i>(ptr bufs, i64 lo, i64 hi)` over rows [lo, hi) of its outer loop;
+`run(ptr bufs, i32 threads)` calls the kernels in order, a big enough one through
+`braze_parallel(k<i>, table, rows, threads)` (compiler/codegen/parallel.py: the
+threads take ranges of its rows), a split recurrence (whose threads meet at
+barriers) through `GOMP_parallel` and an OpenMP outlined function that hands each
+thread of the team its share. One ctypes call runs the cluster.
 
 Loop kernels: the inner loop runs over the root's last dim (or, for a flat
 elementwise kernel, over a block of LOOP_BLOCK linear elements), so it is
@@ -26,12 +28,12 @@ import numpy as np
 from llvmlite import ir
 
 from compiler import dtypes
-from compiler.codegen import llvm_cpu
+from compiler.codegen import llvm_cpu, parallel
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
 from compiler.codegen.faults import FAULTS, FaultWord
 from compiler.codegen.kernel_facts import CODE_SIZE as _CODE_SIZE
-from compiler.codegen.kernel_facts import LOOP_BLOCK, PACKED, by_columns
+from compiler.codegen.kernel_facts import ITEMS, LOOP_BLOCK, PACKED, TEAM, by_columns
 from compiler.codegen.kernel_facts import extent as _extent
 from compiler.codegen.kernel_facts import may_fault as _may_fault
 from compiler.codegen.kernel_facts import signature as _signature
@@ -70,7 +72,7 @@ class Renderer:
         self.profile = profile
         self.module = ir.Module(name=graph.name)
         self._local: dict = {}  # buffer -> index in the kernel being rendered's table
-        self._unique: dict[str, tuple] = {}  # kernel text -> (function, outer, threaded?)
+        self._unique: dict[str, tuple] = {}  # kernel text -> (function, outer, mode)
         self._by_signature: dict[tuple, tuple] = {}  # _signature -> the same
         self.verify_twins = VERIFY_TWINS
         self._faults = None  # the faults.FaultWord of the kernel function being rendered
@@ -84,7 +86,8 @@ class Renderer:
     # -- one kernel ---------------------------------------------------------------
 
     def _kernel(self, k: Kernel) -> tuple:
-        """(function, outer trip count, threaded?, its buffers in table order) for `k`.
+        """(function, outer trip count, how it runs threaded (kernel_facts.extent), its
+        buffers in table order) for `k`.
 
         A kernel reads its buffers from a table of its own, so kernels that compute the
         same thing on other buffers (a ResNet's repeated blocks) are one function: LLVM
@@ -100,7 +103,7 @@ class Renderer:
             return (*twin, values)
         name = f"k{self._count}"
         self._count += 1
-        fn, outer, parallel = self._nest(self.module, name, k)
+        fn, outer, mode = self._nest(self.module, name, k)
         text = str(fn).replace(f'@"{name}"', "@k", 1)
         same = self._unique.get(text)
         if twin is not None and (same is None or same[0] is not twin[0]):
@@ -110,10 +113,10 @@ class Renderer:
             del self.module.globals[name]
             fn = same[0]
         else:
-            self._unique[text] = (fn, outer, parallel)
+            self._unique[text] = (fn, outer, mode)
         if sig is not None:
-            self._by_signature.setdefault(sig, (fn, outer, parallel))
-        return fn, outer, parallel, values
+            self._by_signature.setdefault(sig, (fn, outer, mode))
+        return fn, outer, mode, values
 
     def _enter(self, k: Kernel) -> list:
         """Make `k` the kernel being rendered (its table indices in `_local`); returns
@@ -135,8 +138,9 @@ class Renderer:
         return ElementEmitter(b, bufs, registers, flat, faults=self._faults)
 
     def _nest(self, module: ir.Module, name: str, k: Kernel,
-              linkage: str = "internal") -> tuple[ir.Function, int, bool]:
-        """The kernel's function, its outer trip count, and whether to run it threaded."""
+              linkage: str = "internal") -> tuple[ir.Function, int, str | None]:
+        """The kernel's function, its outer trip count, and how it runs threaded
+        (kernel_facts.extent: ITEMS, TEAM or None)."""
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
         fn.linkage = linkage
         bufs, lo, hi = fn.args
@@ -145,7 +149,7 @@ class Renderer:
         self._faults = FaultWord(b) if FAULTS in self._local else None
         root = k.root
         node = k.contraction
-        outer, parallel = _extent(k)
+        outer, mode = _extent(k)
         impl = k.impl.name if k.impl is not None else None
         if root.type.size == 0:  # an empty dim (an empty batch): nothing to write
             pass
@@ -184,7 +188,7 @@ class Renderer:
             self._faults.flush(b, self._buffers(b, bufs, [FAULTS])[FAULTS])
             self._faults = None
         b.ret_void()
-        return fn, outer, parallel
+        return fn, outer, mode
 
     def _buffers(self, b: ir.IRBuilder, bufs, values) -> dict:
         out = {}
@@ -637,7 +641,8 @@ class Renderer:
     # -- the entry point ------------------------------------------------------
 
     def _outlined(self, nest: ir.Function, outer: int) -> ir.Function:
-        """void f(ptr table): this OpenMP thread's share of rows [0, outer)."""
+        """void f(ptr table): this OpenMP thread's share of rows [0, outer) (a TEAM
+        kernel's: a split recurrence takes its part by its own thread number)."""
         if (nest.name, outer) in self._omp:
             return self._omp[nest.name, outer]
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]),
@@ -665,8 +670,10 @@ class Renderer:
                          "run_profiled" if self.profile else "run")
         bufs, threads = fn.args[:2]
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        teams = any(mode == TEAM for _, _, mode, _ in nests) and llvm_cpu.libgomp()
         gomp = self._decl("GOMP_parallel", ir.VoidType(),
-                          [PTR, PTR, I32, I32]) if llvm_cpu.libgomp() else None
+                          [PTR, PTR, I32, I32]) if teams else None
+        share = self._decl(parallel.PARALLEL, ir.VoidType(), [PTR, PTR, I64, I32])
 
         def stamp(j: int) -> None:
             if self.profile:
@@ -674,14 +681,17 @@ class Renderer:
                 b.store(now, b.gep(fn.args[2], [i64(j)], source_etype=I64, inbounds=True))
 
         stamp(0)
-        for j, (nest, outer, parallel, values) in enumerate(nests, start=1):
+        for j, (nest, outer, mode, values) in enumerate(nests, start=1):
             table = self._table(b, bufs, values)
-            if parallel and gomp is not None:
+            if mode == ITEMS or (mode == TEAM and gomp is not None):
                 many = b.icmp_signed(">", threads, ir.Constant(I32, 1))
                 with b.if_else(many) as (then, otherwise):
                     with then:
-                        b.call(gomp, [self._outlined(nest, outer), table, threads,
-                                      ir.Constant(I32, 0)])
+                        if mode == ITEMS:
+                            b.call(share, [nest, table, i64(outer), threads])
+                        else:
+                            b.call(gomp, [self._outlined(nest, outer), table, threads,
+                                          ir.Constant(I32, 0)])
                     with otherwise:
                         b.call(nest, [table, i64(0), i64(outer)])
             else:

@@ -33,9 +33,16 @@ def may_fault(k: Kernel) -> bool:
     return any(code_of(n) for n in k.nodes)
 
 
-def extent(k: Kernel) -> tuple[int, bool]:
-    """(outer trip count, run it threaded?) of a kernel's function: its work items (tiles,
-    rows, blocks), threaded when it touches PARALLEL_MIN_ELEMENTS or more."""
+# How a threaded kernel's items are shared (cpu.py's entry): ITEMS, any thread may run any
+# range of them (compiler/codegen/parallel.py's braze_parallel); TEAM, every thread of an
+# OpenMP team runs its own part at once (a split recurrence meets at barriers each step).
+ITEMS, TEAM = "items", "team"
+
+
+def extent(k: Kernel) -> tuple[int, str | None]:
+    """(outer trip count, how it runs threaded: ITEMS, TEAM, or None for one thread) of a
+    kernel's function: its work items (tiles, rows, blocks), threaded when it touches
+    PARALLEL_MIN_ELEMENTS or more."""
     root, node = k.root, k.contraction
     if root.type.size == 0:
         return 0, False
@@ -50,6 +57,8 @@ def extent(k: Kernel) -> tuple[int, bool]:
         outer, work = shape.items, shape.entries * shape.m * shape.n * shape.k
     elif impl == choice.RECURRENCE:
         shape = choice.shape(node, k.impl)
+        if shape.split:
+            return shape.outer, TEAM
         outer, work = shape.outer, shape.macs
     elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
         shape = choice.shape(node, k.impl)
@@ -68,7 +77,7 @@ def extent(k: Kernel) -> tuple[int, bool]:
         inner = root.shape[-1] if root.shape else 1
         work = root.type.size
         outer = work // inner if inner else 0
-    return outer, work >= PARALLEL_MIN_ELEMENTS and outer > 1
+    return outer, ITEMS if work >= PARALLEL_MIN_ELEMENTS and outer > 1 else None
 
 
 # A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.

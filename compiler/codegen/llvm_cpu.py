@@ -7,9 +7,10 @@ kept alive as long as any function pointer from it is used) is runtime/cpu.py's
 JitModule, so compiled object code can also be cached, reloaded, or written for a
 CPU that is not this one.
 
-Threads: kernels split their outer loops with GNU OpenMP's `GOMP_parallel`
-(libgomp, loaded once): a warm team launches in microseconds, with no Python
-on the path. Where libgomp is missing, kernels run on one thread.
+Threads: kernels share their outer loops through `braze_parallel`
+(compiler/codegen/parallel.py; runtime/pool.py installs braze's own pool) and, for a
+split recurrence's team, GNU OpenMP's `GOMP_parallel` (libgomp, loaded once). Where
+libgomp is missing, those kernels run on one thread.
 """
 
 from __future__ import annotations
@@ -61,14 +62,16 @@ def target_machine(target: Target | None = None) -> llvm.TargetMachine:
     return targets.target_machine(target or targets.host())
 
 
-def optimize(module_text: str, target: Target | None = None) -> llvm.ModuleRef:
+def optimize(module_text: str, target: Target | None = None,
+             link: tuple[str, ...] = ()) -> llvm.ModuleRef:
     """Parse and optimize LLVM IR for `target` (default: the host) at -O3 (loop and SLP
-    vectorizers on: they widen to the target's vectors)."""
+    vectorizers on: they widen to the target's vectors), with the modules `link` (IR
+    texts) linked in first."""
     init()
     tm = target_machine(target)
-    mod = llvm.parse_assembly(module_text)
-    mod.triple = tm.triple
-    mod.data_layout = str(tm.target_data)
+    mod = _parsed(module_text, tm)
+    for text in link:
+        mod.link_in(_parsed(text, tm))
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
@@ -76,6 +79,13 @@ def optimize(module_text: str, target: Target | None = None) -> llvm.ModuleRef:
     pto.loop_unrolling = True
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def _parsed(module_text: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+    mod = llvm.parse_assembly(module_text)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
     return mod
 
 

@@ -117,6 +117,9 @@ def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction, monke
     cg = compile_graph(g)
     [k] = cg.kernels
     assert choice.shape(k.contraction, k.impl).split
+    # its threads meet at barriers: an OpenMP team, not braze_parallel's ranges
+    assert 'call void @"GOMP_parallel"' in cg.llvm_ir
+    assert 'call void @"braze_parallel"' not in cg.llvm_ir
     want = _reference(g, arrays)
     for threads in (1, 2):
         y, = CpuStep(compile_graph(g), threads=threads).run(arrays)
