@@ -223,3 +223,25 @@ def _intrinsic(b: ir.IRBuilder, name: str, t=F32):
 
 FAST_F32 = {"exp": exp_f32, "log": log_f32_full, "tanh": tanh_f32, "sigmoid": sigmoid_f32,
             "erf": erf_f32}
+
+
+# exp_nonpositive_f32's domain: 2^n of n = round(x log2 e) stays a normal float down here.
+EXP_NONPOSITIVE_MIN = -87.0
+
+
+def exp_nonpositive_f32(b: ir.IRBuilder, x):
+    """exp(x) for x in [EXP_NONPOSITIVE_MIN, 0] (a softmax's scores minus their max):
+    exp_f32's reduction and polynomial (same accuracy) without its overflow, underflow
+    and denormal handling, which that domain never needs: 2^n is one normal factor.
+    NaN gives NaN (n is taken from x clamped into the domain, so no NaN is converted to
+    an integer); below the domain the result is meaningless (callers select 0 there)."""
+    t = x.type
+    # max(x, MIN) as a compare and select, NaN -> MIN (one vmaxps; llvm.maxnum's NaN rule
+    # costs x86 two more instructions)
+    low = _c(b, t, EXP_NONPOSITIVE_MIN)
+    xc = b.select(b.fcmp_ordered(">", x, low), x, low)
+    n = b.call(_intrinsic(b, "llvm.rint", t), [b.fmul(xc, _c(b, t, LOG2E))])
+    r = _fast(b.fsub(x, _fast(b.fmul(n, _c(b, t, LN2_HI)))))
+    r = _fast(b.fsub(r, _fast(b.fmul(n, _c(b, t, LN2_LO)))))
+    p = _poly(b, r, [1.0, 1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
+    return b.fmul(p, _pow2(b, b.fptosi(n, _int_type(t)), t))

@@ -428,16 +428,19 @@ def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body, name: str = "gemm.lo
 
 
 def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer: int,
-               k_inner: int, row_ptrs, far=None) -> list:
+               k_inner: int, row_ptrs, far=None, row_floats: int | None = None) -> list:
     """The tile's MR x NV accumulators: the sum over kk < k_outer, c < k_inner of
     A_r(kk)[c] * panel[kk * k_inner + c], where `row_ptrs(b, kk)` gives each row's pointer
     to its k_inner contiguous elements of A for kk, and the panel starts at packed row
     `panel_k` (the panel's index times the full K = k_outer * k_inner). Each K step asks
     for the panel's row prefetch_steps(t) rows ahead into L1 and, given `far` (an i64
-    value), for the row `far` floats on into L2 (`next_panel`)."""
-    near = _i64(prefetch_steps(t) * t.nr)
+    value), for the row `far` floats on into L2 (`next_panel`). The panel's rows are
+    `row_floats` apart (default: the tile's NR; wider where a narrower tile reads the
+    first columns of a panel packed for the full one)."""
+    stride = row_floats or t.nr
+    near = _i64(prefetch_steps(t) * stride)
     def inner(b, c, accs, ptrs, kk):
-        prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(t.nr))
+        prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(stride))
         bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * t.vec))], source_etype=F32,
                               inbounds=True), typ=t.vtype, align=4) for v in range(t.nv)]
         for off in range(0, t.nr, LINE_FLOATS):

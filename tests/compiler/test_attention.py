@@ -125,6 +125,39 @@ def _cases():
 
 @pytest.mark.parametrize("d,t,causal,mask", _cases())
 def test_kernel_matches_torch_sdpa(d, t, causal, mask):
+    _check_against_sdpa(d, t, causal, mask)
+
+
+@pytest.mark.parametrize("d,t,causal,mask", [
+    (64, 40, False, None), (64, 40, True, "f32"), (80, 50, False, "f32"),
+    (80, 50, True, None), (64, 197, False, None), (32, 197, True, "f32"),
+    (32, 197, False, "bool")])
+def test_partial_last_key_tile(d, t, causal, mask):
+    """Lengths past a whole number of key tiles (32 keys on AVX-512): the last tile runs
+    narrower (<= 16 keys: one vector) and its P x V product shorter; value depth 80 fills
+    two and a half panels of V."""
+    _check_against_sdpa(d, t, causal, mask)
+
+
+def test_scores_and_values_run_on_the_micro_kernel_without_spills():
+    """Per key tile both products (Q K^T, then P V per V panel and row group) are the
+    GEMM micro-kernel's K loop, none of them spilling on the host's AVX-512 or on AVX2."""
+    from compiler import target as targets
+    from compiler.codegen import asm, llvm_cpu
+    from compiler.kernels import gemm
+
+    for spec in ("cpu", "cpu:znver3"):
+        cg = compile_graph(_attention_graph(1, 2, 197, 64, False, "f32"), target=spec)
+        loops = asm.loop_spills(llvm_cpu.emit_assembly(cg.llvm_ir, targets.parse(spec)),
+                                gemm.K_LOOP)
+        # per block height (two: 197 rows are not a whole number of blocks): Q K^T on the
+        # full and on the partial key tile (4 loops), and P V on the 2 panels of V of the
+        # full key tile (4 loops at least; the partial tile's 5-step ones may be unrolled)
+        assert len(loops) >= 8, (spec, loops)
+        assert {name: s for name, (_, s) in loops.items() if s} == {}, spec
+
+
+def _check_against_sdpa(d, t, causal, mask):
     rng = np.random.default_rng(t * d)
     b, h = 1, 2
     q, k, v = (rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(3))

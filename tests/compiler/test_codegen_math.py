@@ -112,3 +112,50 @@ def test_float64_uses_exact_libm():
     for got, fn in zip(CpuStep(compile_graph(g)).run([x]), (np.exp, np.log, np.tanh)):
         with np.errstate(all="ignore"):
             np.testing.assert_allclose(got, fn(x), rtol=5e-16, atol=1e-300)  # 2 ulp
+
+
+def _run_exp_nonpositive(x: np.ndarray, lanes: int) -> np.ndarray:
+    """mathlib.exp_nonpositive_f32 on x (a multiple of `lanes` long), as <lanes x float>."""
+    import ctypes
+
+    from llvmlite import ir
+
+    from compiler.codegen import llvm_cpu
+    from compiler.kernels.gemm import for_range
+    from runtime.cpu import JitModule
+
+    f32 = ir.FloatType()
+    vt = ir.VectorType(f32, lanes) if lanes > 1 else f32
+    module = ir.Module("expneg")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * 2), "run")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def body(b, i):
+        off = b.mul(i, ir.Constant(ir.IntType(64), lanes))
+        src = b.gep(fn.args[0], [off], source_etype=f32)
+        dst = b.gep(fn.args[1], [off], source_etype=f32)
+        b.store(mathlib.exp_nonpositive_f32(b, b.load(src, typ=vt, align=4)), dst, align=4)
+
+    for_range(b, len(x) // lanes, body)
+    b.ret_void()
+    jit = JitModule(object_code=llvm_cpu.compile_ir(str(module)))
+    out = np.empty_like(x)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jit.address("run"))(
+        x.ctypes.data, out.ctypes.data)
+    return out
+
+
+@pytest.mark.parametrize("lanes", [1, 16])
+def test_exp_nonpositive_matches_exp_on_its_domain(lanes):
+    """The softmax exp (attention's kernel): exp's 2-ulp bound on [EXP_NONPOSITIVE_MIN, 0],
+    NaN in NaN out, exactly 1 at 0."""
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.uniform(mathlib.EXP_NONPOSITIVE_MIN, 0, 40000),
+                        -np.exp2(rng.uniform(-30, 6, 8000)),
+                        [0.0, -0.0, mathlib.EXP_NONPOSITIVE_MIN, -1e-30, -0.5, np.nan]])
+    x = np.concatenate([x, np.zeros(-len(x) % 16)]).astype(np.float32)
+    got = _run_exp_nonpositive(x, lanes)
+    err = ulp_error(got, _reference("exp", x))
+    assert err.max() <= ULPS["exp"], x[int(np.argmax(err))]
+    assert np.isnan(got[np.isnan(x)]).all()
+    assert got[x == 0].tolist() == [1.0] * int((x == 0).sum())
