@@ -69,6 +69,7 @@ def table() -> dict[tuple[str, str], list[tuple[int, int, Converter]]]:
 # The converter modules register themselves; import order is irrelevant.
 from importers.onnx_ops import (  # noqa: E402,F401
     attention,
+    einsum,
     elementwise,
     activations,
     nn,
