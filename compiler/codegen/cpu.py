@@ -26,7 +26,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler import dtypes
-from compiler.codegen import llvm_cpu
+from compiler.codegen import llvm_cpu, mathlib
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
 from compiler.codegen.faults import FAULTS, FaultWord
@@ -69,6 +69,7 @@ class Renderer:
         # the CPU's cycle counter before the first kernel and after each (stamps: i64[n+1])
         self.profile = profile
         self.module = ir.Module(name=graph.name)
+        mathlib.for_target(self.module, target)
         self._local: dict = {}  # buffer -> index in the kernel being rendered's table
         self._unique: dict[str, tuple] = {}  # kernel text -> (function, outer, threaded?)
         self._by_signature: dict[tuple, tuple] = {}  # _signature -> the same
