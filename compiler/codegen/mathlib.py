@@ -104,7 +104,7 @@ def _select_nan(b, x, result):
 def exp_f32(b: ir.IRBuilder, x):
     """exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2]."""
     t = x.type
-    # clamp with min/max (one instruction each; a NaN comes back as itself at the end)
+    # clamp above with min (below: _exp_not_above); a NaN comes back as itself at the end
     xc = b.call(_intrinsic(b, "llvm.minnum", t), [x, _c(b, t, EXP_HI)])
     out = b.select(b.fcmp_ordered(">", x, _c(b, t, EXP_HI)), _c(b, t, math.inf),
                    _exp_not_above(b, xc))
