@@ -5,7 +5,9 @@ contraction applies them to whole accumulator vectors) and returns the same type
 
 LLVM's llvm.exp/llvm.log intrinsics lower to scalar libm calls, which block the
 loop vectorizer; these are straight-line IR (no calls, no branches) that inline
-into kernels and vectorize to AVX-512. float64 keeps the libm intrinsics.
+into kernels and vectorize to AVX-512. float64 keeps the libm intrinsics. A module
+marked by `for_target` (cpu.Renderer marks its own) scales exp's 2^n with llvm.ldexp
+on AVX-512 (vscalefps); sigmoid divides once (its numerator selected by sign).
 
 Accuracy, measured against numpy in float64 and stated in ulps of float32
 (tests/compiler/test_codegen_math.py checks these bounds over wide ranges):
@@ -102,9 +104,19 @@ def _select_nan(b, x, result):
 def exp_f32(b: ir.IRBuilder, x):
     """exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2]."""
     t = x.type
-    # clamp with min/max (one instruction each; a NaN comes back as itself at the end)
+    # clamp above with min (below: _exp_not_above); a NaN comes back as itself at the end
     xc = b.call(_intrinsic(b, "llvm.minnum", t), [x, _c(b, t, EXP_HI)])
-    xc = b.call(_intrinsic(b, "llvm.maxnum", t), [xc, _c(b, t, EXP_FLOOR)])
+    out = b.select(b.fcmp_ordered(">", x, _c(b, t, EXP_HI)), _c(b, t, math.inf),
+                   _exp_not_above(b, xc))
+    return _select_nan(b, x, out)
+
+
+def _exp_not_above(b: ir.IRBuilder, x):
+    """exp(x) for x <= EXP_HI, not NaN (the caller handles both): x is clamped at
+    EXP_FLOOR, where the formula rounds to 0 by itself."""
+    t = x.type
+    # nnan: x is not NaN here, so max is one instruction (no NaN fix-up)
+    xc = b.call(_intrinsic(b, "llvm.maxnum", t), [x, _c(b, t, EXP_FLOOR)], fastmath=("nnan",))
     n = b.call(_intrinsic(b, "llvm.rint", t), [b.fmul(xc, _c(b, t, LOG2E))])
     # r = x - n ln2 in two fused steps (Cody-Waite; each product rounded once, in the FMA)
     r = _fast(b.fsub(xc, _fast(b.fmul(n, _c(b, t, LN2_HI)))))
@@ -113,10 +125,30 @@ def exp_f32(b: ir.IRBuilder, x):
     # 2^n as 2^n1 * 2^n2 (n1 = n >> 1): both factors stay normal for n in [-159, 128];
     # below EXP_LO the product rounds to 0 by itself (x is clamped at EXP_FLOOR)
     ni = b.fptosi(n, _int_type(t))
+    if _has_scale(b, t):  # p * 2^n in one instruction, a denormal rounded once
+        return b.call(_ldexp(b, t), [p, ni])
     n1 = b.ashr(ni, _ci(b, t, 1))
-    scaled = b.fmul(b.fmul(p, _pow2(b, n1, t)), _pow2(b, b.sub(ni, n1), t))
-    out = b.select(b.fcmp_ordered(">", x, _c(b, t, EXP_HI)), _c(b, t, math.inf), scaled)
-    return _select_nan(b, x, out)
+    return b.fmul(b.fmul(p, _pow2(b, n1, t)), _pow2(b, b.sub(ni, n1), t))
+
+
+def for_target(module: ir.Module, target) -> None:
+    """Let this module's math use `target`'s (compiler/target.py) instructions: with
+    AVX-512, exp's p * 2^n is llvm.ldexp, one vscalefps (elsewhere LLVM expands ldexp
+    to a libm call per lane, so a module not marked keeps the integer-add form:
+    2^n as two normal factors built from n's bits)."""
+    module.braze_math_scale = "avx512f" in target.isa
+
+
+def _has_scale(b: ir.IRBuilder, t) -> bool:
+    """Whether exp scales by llvm.ldexp here: on a module marked by for_target (a scalar
+    ldexp is vscalefss, and the loop vectorizer widens it to vscalefps)."""
+    return getattr(b.module, "braze_math_scale", False)
+
+
+def _ldexp(b: ir.IRBuilder, t):
+    lanes = _vec_count(t)
+    suffix = f"v{lanes}f32.v{lanes}i32" if lanes else "f32.i32"
+    return declare(b.module, f"llvm.ldexp.{suffix}", t, [t, _int_type(t)])
 
 
 def _pow2(b: ir.IRBuilder, n, t):
@@ -183,12 +215,15 @@ def _expm1_small(b: ir.IRBuilder, y):
 
 
 def sigmoid_f32(b: ir.IRBuilder, x):
+    """e / (1 + e) for x < 0, 1 / (1 + e) else, e = exp(-|x|) in (0, 1]: one division
+    with its numerator selected (a division costs as much as the rest of the formula),
+    and exp's guards for large and NaN arguments left out (-|x| <= 0; a NaN x is
+    selected back at the end)."""
     t = x.type
     ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
-    e = exp_f32(b, b.fsub(_c(b, t, 0.0), ax))  # e = exp(-|x|) in (0, 1]
-    pos = b.fdiv(_c(b, t, 1.0), b.fadd(_c(b, t, 1.0), e))
-    neg = b.fdiv(e, b.fadd(_c(b, t, 1.0), e))
-    out = b.select(b.fcmp_ordered("<", x, _c(b, t, 0.0)), neg, pos)
+    e = _exp_not_above(b, b.fsub(_c(b, t, 0.0), ax))
+    num = b.select(b.fcmp_ordered("<", x, _c(b, t, 0.0)), e, _c(b, t, 1.0))
+    out = b.fdiv(num, b.fadd(_c(b, t, 1.0), e))
     return _select_nan(b, x, out)
 
 

@@ -513,3 +513,43 @@ def test_column_reductions_add_in_blocks():
     err = np.abs(s - want).max() / np.abs(want).max()
     assert err <= 0.5 * np.abs(one_by_one - want).max() / np.abs(want).max()
     np.testing.assert_array_equal(peak, x.max((1, 2)))
+
+
+def _short_pool(hw: int, c: int, fused: bool = False) -> str:
+    src = "%r" if fused else "%x"
+    relu = f"  %r = max(%x, %z) : f32[1,{hw},{hw},{c}]\n" if fused else ""
+    zero = "  %z = const() {value=dense<f32[]: [0.0]>} : f32[]\n" if fused else ""
+    return f"""
+graph p(%x: f32[1,{hw},{hw},{c}]) -> (%s, %peak) {{
+{zero}{relu}  %s = reduce_sum({src}) {{axes=[1, 2], keepdims=true}} : f32[1,1,1,{c}]
+  %peak = reduce_max({src}) {{axes=[1, 2], keepdims=true}} : f32[1,1,1,{c}]
+}}
+"""
+
+
+@pytest.mark.parametrize("hw,c,fused", [(13, 32, False), (3, 32, False), (13, 16, False),
+                                         (13, 24, False), (9, 40, False), (13, 64, False),
+                                         (13, 8, False), (13, 72, False), (13, 32, True)])
+def test_short_column_reductions_in_vectors(hw, c, fused):
+    """A global pool whose kept dim is short (16 to COLUMN_VECTORS_MAX floats, read
+    straight from a buffer) accumulates in explicit vectors: the loop vectorizer served
+    it with gathers. The same sums as numpy (blocked as before: within float32's
+    rounding of the float64 sum), maxima exact, NaN propagated; a fused input (relu) or
+    a dim past the bound keeps the scalar loop, with the same results."""
+    from compiler import target as targets
+    from compiler.kernels import gemm
+
+    lanes = gemm.Tile.of(targets.host()).vec
+    cg = CpuStep(compile_graph(parse_graph(_short_pool(hw, c, fused))))
+    assert [kernel_facts.by_columns(k) for k in cg.kernels if k.kind == "row"] == [True, True]
+    explicit = not fused and lanes <= c <= cpu.COLUMN_VECTORS_MAX
+    assert (f"load <{lanes} x float>" in cg.llvm_ir) == explicit
+    x = np.random.default_rng(c).standard_normal((1, hw, hw, c)).astype(np.float32)
+    x[0, hw // 2, 1, c - 1] = np.nan  # a NaN in the scalar tail or the last vector
+    x[0, 0, hw - 1, 0] = np.nan
+    src = np.maximum(x, 0) if fused else x
+    s, peak = cg.run([x])
+    want = src.astype(np.float64).sum((1, 2), keepdims=True)
+    scale = np.abs(want[np.isfinite(want)]).max()  # the zoo's measure: error / max |ref|
+    np.testing.assert_allclose(s, want, rtol=1e-6, atol=1e-6 * scale)
+    np.testing.assert_array_equal(peak, src.max((1, 2), keepdims=True))

@@ -64,14 +64,40 @@ def ulp_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return np.where(both_nan, 0, np.where(one_nan, 1 << 40, d))
 
 
-@pytest.fixture(scope="module")
-def results():
-    x = _sweep()
+def _fastmath_graph(shape) -> Graph:
     g = Graph("fastmath")
-    v = g.add_input("x", TensorType("f32", x.shape))
+    v = g.add_input("x", TensorType("f32", shape))
     g.outputs = [g.op(op, v) for op in FAST]
-    outs = CpuStep(compile_graph(g)).run([x])
+    return g
+
+
+# exp's p * 2^n: llvm.ldexp (one vscalefps) on an AVX-512 target, the integer-add form on
+# others; the fixture runs both where this machine can (a target it lacks is skipped)
+TARGETS = ("cpu", "cpu:x86-64-v3")
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def results(request):
+    from compiler import target as targets
+    x = _sweep()
+    program = compile_graph(_fastmath_graph(x.shape), target=request.param)
+    if targets.parse(request.param).missing_here():
+        pytest.skip(f"{request.param} does not run on this machine")
+    outs = CpuStep(program).run([x])
     return x, dict(zip(FAST, outs))
+
+
+@pytest.mark.parametrize("spec,scale", [("cpu:skylake-avx512", True), ("cpu:x86-64-v3", False)])
+def test_exp_scales_by_ldexp_only_with_avx512(spec, scale):
+    text = compile_graph(_fastmath_graph((64,)), target=spec).llvm_ir
+    assert ("llvm.ldexp." in text) == scale
+
+
+def test_sigmoid_divides_once():
+    g = Graph("sigmoid")
+    g.outputs = [g.op("sigmoid", g.add_input("x", TensorType("f32", (64,))))]
+    text = compile_graph(g).llvm_ir
+    assert text.count(" fdiv ") == 1, "sigmoid selects its numerator: one division"
 
 
 @pytest.mark.parametrize("op", FAST)
