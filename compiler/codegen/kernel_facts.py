@@ -85,7 +85,7 @@ COLUMN_ROW_BYTES = 1 << 16
 
 
 def by_columns(k: Kernel) -> bool:
-    """Whether a row kernel runs as `Renderer._column_kernel`: one level of reductions
+    """Whether a row kernel runs as `cpu_rows.RowKernels._column_kernel`: one level of reductions
     (no argmax/argmin), the last dim kept (its elements contiguous: reducing row by row
     would read them a whole stride apart), a root of one element per kept index, and
     nothing kept per row."""

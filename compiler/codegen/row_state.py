@@ -1,4 +1,4 @@
-"""Per-row state of a row kernel (cpu.Renderer._row_kernel): scratch rows for values
+"""Per-row state of a row kernel (cpu_rows.RowKernels._row_kernel): scratch rows for values
 kept between passes, and a reduction's running value."""
 
 from __future__ import annotations

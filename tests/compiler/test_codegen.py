@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from compiler.codegen import compile_graph, cpu, llvm_cpu, supports
-from compiler.codegen import kernel_facts
+from compiler.codegen import cpu_rows, kernel_facts
 from compiler.errors import CompileError, InputError
 from compiler.interp import evaluate
 from compiler.ir import Graph, TensorType
@@ -502,8 +502,8 @@ def test_column_reductions_add_in_blocks():
     positions in 13 blocks of 13: its error against float64 is well under a float32 sum
     taken one position after another (measured: 2e-7 against 6e-7), and a max is
     exact (blocks change the order, not the set)."""
-    assert cpu.column_blocks(169) == (13, 13) and cpu.column_blocks(63) == (8, 8)
-    assert cpu.column_blocks(50) == (8, 7) and cpu.column_blocks(9) == (9, 1)
+    assert cpu_rows.column_blocks(169) == (13, 13) and cpu_rows.column_blocks(63) == (8, 8)
+    assert cpu_rows.column_blocks(50) == (8, 7) and cpu_rows.column_blocks(9) == (9, 1)
     cg = CpuStep(compile_graph(parse_graph(GLOBAL_POOL)))
     assert [kernel_facts.by_columns(k) for k in cg.kernels] == [True, True]
     x = np.random.default_rng(0).random((2, 13, 13, 1000), dtype=np.float32)
@@ -542,7 +542,7 @@ def test_short_column_reductions_in_vectors(hw, c, fused):
     lanes = gemm.Tile.of(targets.host()).vec
     cg = CpuStep(compile_graph(parse_graph(_short_pool(hw, c, fused))))
     assert [kernel_facts.by_columns(k) for k in cg.kernels if k.kind == "row"] == [True, True]
-    explicit = not fused and lanes <= c <= cpu.COLUMN_VECTORS_MAX
+    explicit = not fused and lanes <= c <= cpu_rows.COLUMN_VECTORS_MAX
     assert (f"load <{lanes} x float>" in cg.llvm_ir) == explicit
     x = np.random.default_rng(c).standard_normal((1, hw, hw, c)).astype(np.float32)
     x[0, hw // 2, 1, c - 1] = np.nan  # a NaN in the scalar tail or the last vector
