@@ -41,8 +41,12 @@ FOLD_ALWAYS_ELEMENTS = 1 << 12
 # folded all the same, as the work it saves runs on every call, inside a hot kernel.
 # A bare broadcast (a movement op) is not: kernels read it through index arithmetic.
 FOLD_GROWN_ELEMENTS = 1 << 18
-# Nothing larger than this is folded, to bound compile time and memory.
+# Nothing larger than this is folded, to bound compile time and memory; except a
+# transpose or reshape of one constant, which only reorders what the model already holds
+# (VGG's first FC weight, 25088 x 4096, is read through torch's W^T: unfolded, the
+# matmul lost its packed GEMM and transposed 411 MB on every call).
 FOLD_MAX_ELEMENTS = 1 << 26
+FOLD_REORDER_OPS = ("transpose", "reshape")
 
 # Constants up to this many elements are compared by value in CSE; larger ones
 # (weights) are not: hashing megabytes of weights costs more than the rare
@@ -60,7 +64,8 @@ def fold_refusal(node: Node) -> str | None:
         return "not every input is a constant"
     out_size = sum(o.type.size for o in node.outputs)
     in_size = sum(v.type.size for v in node.inputs)
-    if out_size > FOLD_MAX_ELEMENTS:
+    if out_size > FOLD_MAX_ELEMENTS and not (node.op in FOLD_REORDER_OPS
+                                             and out_size == in_size):
         return f"its result has {out_size} elements (> FOLD_MAX_ELEMENTS)"
     grown = FOLD_GROWN_ELEMENTS if node.opdef.family is Family.ELEMENTWISE else 0
     if out_size > max(FOLD_ALWAYS_ELEMENTS, in_size, grown):

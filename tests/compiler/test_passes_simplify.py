@@ -69,6 +69,29 @@ def test_fold_constants_transposes_a_weight():
     np.testing.assert_array_equal(evaluate(g, xs)[0], want[0])
 
 
+def test_fold_constants_reorders_a_weight_of_any_size_but_computes_nothing_that_large(
+        monkeypatch):
+    """Above FOLD_MAX_ELEMENTS only a transpose or reshape of a constant folds (it
+    reorders elements the model holds already: VGG's 25088 x 4096 W^T)."""
+    monkeypatch.setattr(simplify, "FOLD_MAX_ELEMENTS", 16)
+    g = Graph()
+    x = g.add_input("x", TensorType("f32", (2, 8)))
+    w = g.const(np.arange(64, dtype=np.float32).reshape(8, 8), "w")
+    t = g.op("transpose", w, perm=(1, 0))
+    neg = g.op("neg", w)
+    assert simplify.fold_refusal(t.producer) is None
+    assert "FOLD_MAX_ELEMENTS" in simplify.fold_refusal(neg.producer)
+    g.outputs = [g.op("matmul", x, t), neg]
+    xs = random_inputs(g)
+    want = evaluate(g, xs)
+    assert fold_constants(g)
+    remove_dead(g)
+    verify(g)
+    assert sorted(n.op for n in g.nodes if n.op != "const") == ["matmul", "neg"]
+    for got, ref in zip(evaluate(g, xs), want):
+        np.testing.assert_array_equal(got, ref)
+
+
 def test_fold_constants_refuses_growth():
     g = Graph()
     big = g.op("broadcast", g.const(np.float32(1.5)), shape=(128, 128))
