@@ -427,15 +427,6 @@ def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body, name: str = "gemm.lo
     return new
 
 
-# float32 rounding of a long dot product: each accumulator sums at most K_CHUNK products
-# before a running total takes it, so an output's sum rounds like K_CHUNK + K / K_CHUNK
-# additions, not K (K = 3072: 268; 25088, VGG's first FC: 354), as the BLAS libraries'
-# K blocking does; the total costs NV adds per row every K_CHUNK steps (~0.4%). A conv
-# sums each tap's channels apart once they are K_CHUNK_MIN or more.
-K_CHUNK = 256
-K_CHUNK_MIN = 64
-
-
 def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer: int,
                k_inner: int, row_ptrs, far=None, row_floats: int | None = None) -> list:
     """The tile's MR x NV accumulators: the sum over kk < k_outer, c < k_inner of
@@ -465,44 +456,15 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
             new += [mul_add(b, t, s, bvecs[v], accs[r * t.nv + v]) for v in range(t.nv)]
         return new
 
-    def steps(b, kk, accs, c0, count):  # accs + the products of c0 <= c < c0 + count
+    def outer(b, kk, accs):
         ptrs = row_ptrs(b, kk)
-        start = _i64(c0) if isinstance(c0, int) else c0
-        return _phi_loop(b, count, accs, lambda b, c, accs: inner(
-            b, c if isinstance(c0, int) and c0 == 0 else b.add(c, start), accs, ptrs, kk),
-            name=K_LOOP)
+        return _phi_loop(b, k_inner, accs, lambda b, c, accs: inner(b, c, accs, ptrs, kk),
+                         name=K_LOOP)
 
     zeros = [ir.Constant(t.vtype, None)] * (rows * t.nv)
-
-    def plus(b, totals, part):
-        return [b.fadd(x, y) for x, y in zip(totals, part)]
-
-    if k_outer * k_inner <= K_CHUNK:
-        if k_outer == 1:
-            return steps(b, _i64(0), zeros, 0, k_inner)
-        return _phi_loop(b, k_outer, zeros, lambda b, kk, accs: steps(b, kk, accs, 0, k_inner))
-    if k_outer > 1:  # a conv: each tap's sum over the channels is one chunk
-        if k_inner < K_CHUNK_MIN:
-            return _phi_loop(b, k_outer, zeros,
-                             lambda b, kk, accs: steps(b, kk, accs, 0, k_inner))
-        return _phi_loop(b, k_outer, zeros, lambda b, kk, totals: plus(
-            b, totals, steps(b, kk, zeros, 0, k_inner)))
-    full, rest = divmod(k_inner, K_CHUNK)
-    kk = _i64(0)
-    totals = steps(b, kk, zeros, 0, K_CHUNK)
-    if full > 1:
-        totals = _phi_loop(b, full - 1, totals, lambda b, j, totals: plus(
-            b, totals, _chunk(b, j, steps, kk, zeros)))
-    if rest:
-        totals = plus(b, totals, steps(b, kk, zeros, full * K_CHUNK, rest))
-    return totals
-
-
-def _chunk(b: ir.IRBuilder, j, steps, kk, zeros) -> list:
-    """The sum over chunk j + 1 of K (chunk 0 starts the total): K_CHUNK steps from
-    zero, at a run-time offset."""
-    c0 = b.mul(b.add(j, _i64(1)), _i64(K_CHUNK))
-    return steps(b, kk, zeros, c0, K_CHUNK)
+    if k_outer == 1:
+        return outer(b, _i64(0), zeros)
+    return _phi_loop(b, k_outer, zeros, outer)
 
 
 def store_tile(b: ir.IRBuilder, t: Tile, n: int, rows: int, vals, c_ptr, row0, panel,
