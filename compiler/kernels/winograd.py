@@ -59,12 +59,13 @@ MIN_ITEMS = 8
 MAX_BLOCK_TILES = 16
 # Input channels per partial sum of a per-position GEMM (summation.accumulate), by m.
 # F(4x4)'s output transform multiplies its GEMMs' rounding by up to 27/8, so its sums
-# restart more often than the default: on Inception-v3's 3x3 layers with their real
-# inputs (a float32 simulation, rms error over a direct conv's), straight through 4.1x,
-# blocks of 32 2.9x, 16 2.6x, exact sums 1.7x (the transforms' own rounding). 16 cost
-# 15% of Inception-v3's time (its 32-channel layers split in two 16-step loops), 32
-# nothing measurable (one thread, interleaved, median of 40). F(2x2)'s entries are 0 and
-# +-1: the default.
+# restart more often than the default. On Inception-v3's 3x3 layers with their real
+# inputs (a float32 simulation, rms error over torch's float32 conv's): straight through
+# 3.2-4.8x, blocks of 16 2.6-2.8x, exact sums 1.6-1.7x (the transforms' own rounding);
+# the whole model's rms error over eager's (against float64): 32 2.0x, 16 1.8x. Blocks
+# of 16 split its 32-channel layers in two and cost 6-7% of Inception-v3's time, 32
+# 2-3% (all blocked sums together; one thread, interleaved, median of 40, load ~6;
+# ResNet-50 1.00x). F(2x2)'s entries are 0 and +-1: the default.
 SUM_BLOCK = {2: summation.SUM_BLOCK, 4: 32}
 
 
