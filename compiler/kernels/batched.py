@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from compiler.kernels import gemm
+from compiler.kernels import gemm, summation
 from compiler.kernels.gemm import F32, I64, PTR, Tile
 
 # Widest panel of any target's tile (gemm.MIN_NR rounds NR up to 16 or 32): the bound the
@@ -158,8 +158,8 @@ def emit_item(b: ir.IRBuilder, shape: BatchedShape, item, pack, last, read_b, a_
         def panel_body(b, panel):
             if before is not None:
                 before(b, rows, row0, panel)
-            vals = gemm.accumulate(b, t, rows, pack, b.mul(panel, _i64(shape.k)), 1, shape.k,
-                                   lambda b, kk: ptrs)
+            vals = summation.accumulate(b, t, rows, pack, b.mul(panel, _i64(shape.k)), 1,
+                                        shape.k, lambda b, kk: ptrs)
             gemm.store_tile(b, t, shape.n, rows, vals, c_ptr, row0, panel, transform=transform)
             if after is not None:
                 after(b, rows, row0, panel)

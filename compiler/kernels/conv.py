@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from compiler.kernels import gemm
+from compiler.kernels import gemm, summation
 from compiler.kernels.gemm import F32, I64, Tile
 
 # Input channels the zero row covers (a window over the padding reads it).
@@ -170,8 +170,9 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
             return [_input_row(b, s, x_ptr, zeros, n, y0, x0, dy, dx) for n, y0, x0 in pix]
 
         outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
-        vals = gemm.accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer, inner,
-                               row_ptrs, gemm.next_panel(b, t, s.m, s.k, row0, by_rows, group))
+        vals = summation.accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer,
+                                    inner, row_ptrs,
+                                    gemm.next_panel(b, t, s.m, s.k, row0, by_rows, group))
         gemm.store_tile(b, t, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
         if after is not None:
             after(b, rows, row0, panel)

@@ -36,6 +36,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler.codegen.symbols import declare
+from compiler.kernels import summation
 
 F32 = ir.FloatType()
 I64 = ir.IntType(64)
@@ -249,8 +250,9 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
         def row_ptrs(b, kk):
             return ptrs
 
-        vals = accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1, shape.k,
-                          row_ptrs, next_panel(b, t, shape.m, shape.k, row0, by_rows, group))
+        vals = summation.accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1,
+                                    shape.k, row_ptrs,
+                                    next_panel(b, t, shape.m, shape.k, row0, by_rows, group))
         store_tile(b, t, shape.n, rows, vals, c_ptr, row0, panel, transform=transform)
         if after is not None:
             after(b, rows, row0, panel)

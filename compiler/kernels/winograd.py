@@ -20,10 +20,12 @@ Multiplies per output: alpha^2 / m^2 * Cin per co (4 for F(2x2), 2.25 for F(4x4)
 against 9 * Cin directly. The transforms cost adds and memory traffic, so this pays
 where Cin is large enough and the image has several tiles (`refusal`); F(4x4)'s
 transformed weight is 4x the filter, so `tile_size` picks m per conv. Rounding:
-F(2x2)'s matrices hold 0, +-1 and +-1/2 only (errors as a direct conv's); F(4x4)'s hold
-entries up to 8 and down to 1/8, and amplify the rounding of the per-position GEMMs:
-with the interpolation points chosen for accuracy (`TRANSFORMS`) a conv's max rel error
-against float64 is ~3-8x a direct conv's (Lavin & Gray's points: ~10-20x).
+F(2x2)'s matrices hold 0, +-1 and +-1/2 only (errors as a direct conv's); F(4x4)'s
+amplify the rounding of the per-position GEMMs through A^T (entries up to 27/8), so
+its points are chosen for accuracy (0, +-3/4, +-3/2: `TRANSFORMS`) and its GEMMs sum
+in blocks of SUM_BLOCK[4] channels (summation.py): a conv's rms error against float64
+is then ~1.1-1.8x torch's float32 direct conv's (Barabasz et al.'s points summed
+straight through: ~3x; Lavin & Gray's: ~4.5x).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import dataclasses
 import numpy as np
 from llvmlite import ir
 
-from compiler.kernels import conv, gemm
+from compiler.kernels import conv, gemm, summation
 from compiler.kernels.conv import ConvShape
 from compiler.kernels.gemm import F32, I64, Tile
 
@@ -55,6 +57,16 @@ MIN_ITEMS = 8
 # measured best on ResNet-50's 14x14 and 7x7 layers on both AVX-512 and AVX2 (32 makes
 # the transformed patches outgrow L2 alongside U's stream).
 MAX_BLOCK_TILES = 16
+# Input channels per partial sum of a per-position GEMM (summation.accumulate), by m.
+# F(4x4)'s output transform multiplies its GEMMs' rounding by up to 27/8, so its sums
+# restart more often than the default. On Inception-v3's 3x3 layers with their real
+# inputs (a float32 simulation, rms error over torch's float32 conv's): straight through
+# 3.2-4.8x, blocks of 16 2.6-2.8x, exact sums 1.6-1.7x (the transforms' own rounding);
+# the whole model's rms error over eager's (against float64): 32 2.0x, 16 1.8x. Blocks
+# of 16 split its 32-channel layers in two and cost 6-7% of Inception-v3's time, 32
+# 2-3% (all blocked sums together; one thread, interleaved, median of 40, load ~6;
+# ResNet-50 1.00x). F(2x2)'s entries are 0 and +-1: the default.
+SUM_BLOCK = {2: summation.SUM_BLOCK, 4: 32}
 
 
 class Transform:
@@ -62,7 +74,7 @@ class Transform:
 
     The matrices are the definition (tests check Y = A^T [(G g G^T) . (B^T d B)] A against
     a direct correlation); `bt` and `at` are the same maps as straight-line code over any
-    values with `add`, `sub` and `axpy(c, x, y) = c x + y` (vectors in the kernel, numpy
+    values with `add`, `sub`, `mul(c, x) = c x` and `axpy(c, x, y) = c x + y` (vectors in the kernel, numpy
     arrays in the tests), factored so that shared sums are computed once."""
 
     def __init__(self, m, bt_matrix, g, at_matrix, bt, at):
@@ -80,47 +92,56 @@ def _at2(ops, x):
     return [ops.add(ops.add(x[0], x[1]), x[2]), ops.sub(ops.sub(x[1], x[2]), x[3])]
 
 
-def _bt4(ops, x):
-    d13, d42 = ops.sub(x[1], x[3]), ops.sub(x[4], x[2])
-    return [ops.axpy(-1.5, d13, ops.axpy(-2.0, x[2], ops.add(x[0], x[4]))),
-            ops.axpy(5.0, x[3], ops.axpy(2.0, ops.sub(x[4], x[1]), x[2])),
-            ops.axpy(-5.0, x[2], ops.axpy(2.0, ops.add(x[1], x[4]), x[3])),
-            ops.axpy(-2.0, d13, d42),
-            ops.axpy(2.0, d42, d13),
-            ops.axpy(1.5, d42, ops.axpy(-2.0, x[3], ops.add(x[1], x[5])))]
+def _symmetric_f4(a: float, b: float) -> Transform:
+    """F(4x4, 3x3) on the interpolation points 0, +-a, +-b and infinity (Toom-Cook):
+    A^T's columns are the points' powers, B^T's rows the coefficients of the Lagrange
+    numerators (unscaled, so every entry is a product of a and b: exact in float32 for
+    dyadic a, b), G's rows the matching denominators (applied in float64 at pack time).
+    Symmetric points pair up: a row of B^T for +p and its row for -p share their even
+    and odd halves, as do A^T's columns, so each transform is 12 operations."""
+    a2, b2 = a * a, b * b
+    points = [0.0, a, -a, b, -b]
 
+    def bt(ops, x):
+        ea, ta = ops.axpy(-b2, x[2], x[4]), ops.axpy(-b2, x[1], x[3])
+        eb, tb = ops.axpy(-a2, x[2], x[4]), ops.axpy(-a2, x[1], x[3])
+        return [ops.axpy(a2 * b2, x[0], ops.axpy(-(a2 + b2), x[2], x[4])),
+                ops.axpy(a, ta, ea), ops.axpy(-a, ta, ea),
+                ops.axpy(b, tb, eb), ops.axpy(-b, tb, eb),
+                ops.axpy(a2 * b2, x[1], ops.axpy(-(a2 + b2), x[3], x[5]))]
 
-def _at4(ops, x):
-    s12, d12 = ops.add(x[1], x[2]), ops.sub(x[1], x[2])
-    return [ops.add(ops.add(x[0], s12), ops.add(x[3], x[4])),
-            ops.axpy(0.5, x[3], ops.axpy(-2.0, x[4], d12)),
-            ops.axpy(0.25, x[3], ops.axpy(4.0, x[4], s12)),
-            ops.add(ops.axpy(0.125, x[3], ops.axpy(-8.0, x[4], d12)), x[5])]
+    def at(ops, x):
+        s1, d1 = ops.add(x[1], x[2]), ops.sub(x[1], x[2])
+        s2, d2 = ops.add(x[3], x[4]), ops.sub(x[3], x[4])
+        return [ops.add(ops.add(x[0], s1), s2),
+                ops.axpy(b, d2, ops.mul(a, d1)),
+                ops.axpy(b2, s2, ops.mul(a2, s1)),
+                ops.axpy(b2 * b, d2, ops.axpy(a2 * a, d1, x[5]))]
+
+    bt_matrix = [[a2 * b2, 0, -(a2 + b2), 0, 1, 0]]
+    for p, q2 in ((a, b2), (-a, b2), (b, a2), (-b, a2)):
+        bt_matrix.append([0, -p * q2, -q2, p, 1, 0])
+    bt_matrix.append([0, a2 * b2, 0, -(a2 + b2), 0, 1])
+    g = [[p ** k / np.prod([p - q for q in points if q != p]) for k in range(3)]
+         for p in points] + [[0, 0, 1]]
+    at_matrix = [[p ** i for p in points] + [float(i == 3)] for i in range(4)]
+    return Transform(4, bt_matrix, g, at_matrix, bt, at)
 
 
 # F(2x2): Lavin & Gray's matrices (interpolation points 0, 1, -1 and infinity).
-# F(4x4): points 0, 1, -1, 1/2, -2 and infinity, not Lavin & Gray's symmetric 0, +-1,
-# +-2: their transforms hold the same kind of entries (B^T up to 5, A^T's column of -2
-# up to 8, A^T's column of 1/2 down to 1/8, G's 1/6, 1/15, 1/30 applied in float64), but
-# the pair 1/2, -2 balances A^T's large and small columns, and the rounding of the
-# per-position GEMMs (which dominates, as A^T amplifies it) shrinks 2-3x: max rel error
-# against a float64 conv on 14..56-pixel, 32..448-channel maps 1.3e-6..4.3e-6, Lavin &
-# Gray's 3.1e-6..9.6e-6 (direct conv: ~4e-7; F(2x2) likewise). Barabasz et al., "Error
-# analysis and improving the accuracy of Winograd convolution for deep neural networks"
-# (2020), found the same points best for F(4, 3). Rows of B^T and G are scaled by powers
-# of two (exact) so that B^T holds small integers and halves.
+# F(4x4): points 0, +-3/4, +-3/2 and infinity. A conv's error is mostly its per-position
+# GEMMs' rounding, amplified by A^T, then the transforms' own: the points set both.
+# Searched over 0 and four of +-1/2, +-3/4, +-1, +-3/2, +-2, +-3 (a float32 simulation
+# of the kernel on the 3x3 layers of a random-weight Inception-v3 with their real
+# inputs, rms error over a float32 direct conv's): 0, +-3/4, +-3/2 2.9x, Barabasz et al.'s
+# 0, +-1, 1/2, -2 (Error analysis and improving the accuracy of Winograd convolution for
+# deep neural networks, 2020) 3.7x, Lavin & Gray's 0, +-1, +-2 5.6x; F(2x2) 1.5x.
 TRANSFORMS = {
     2: Transform(2,
                  [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
                  [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
                  [[1, 1, 1, 0], [0, 1, -1, -1]], _bt2, _at2),
-    4: Transform(4,
-                 [[1, -1.5, -2, 1.5, 1, 0], [0, -2, 1, 5, 2, 0], [0, 2, -5, 1, 2, 0],
-                  [0, -2, -1, 2, 1, 0], [0, 1, -2, -1, 2, 0], [0, 1, -1.5, -2, 1.5, 1]],
-                 [[1, 0, 0], [1 / 6, 1 / 6, 1 / 6], [-1 / 6, 1 / 6, -1 / 6],
-                  [-16 / 15, -8 / 15, -4 / 15], [1 / 30, -1 / 15, 2 / 15], [0, 0, 1]],
-                 [[1, 1, 1, 1, 1, 0], [0, 1, -1, 0.5, -2, 0], [0, 1, 1, 0.25, 4, 0],
-                  [0, 1, -1, 0.125, -8, 1]], _bt4, _at4),
+    4: _symmetric_f4(0.75, 1.5),
 }
 
 
@@ -286,6 +307,9 @@ class _VectorOps:
         return gemm.mul_add(self.b, self.tile, gemm.splat_constant(self.b, c, self.tile.vtype),
                             x, y)
 
+    def mul(self, c, x):
+        return self.b.fmul(gemm.splat_constant(self.b, c, self.tile.vtype), x)
+
 
 def emit_item(b: ir.IRBuilder, s: WinogradShape, x_ptr, packed_ptr, bias_ptr, y_ptr, item,
               zeros, epilogue=None, post=None) -> None:
@@ -330,9 +354,9 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                 return [b.gep(v_buf, [b.mul(b.add(b.mul(k, _i64(rows)), b.add(r0, _i64(r))),
                                             _i64(s.cin))], source_etype=F32, inbounds=True)
                         for r in range(n)]
-            accs = gemm.accumulate(b, t, n, packed_ptr,
-                                   b.mul(b.add(b.mul(p, _i64(s.alpha ** 2)), k), _i64(s.cin)),
-                                   1, s.cin, row_ptrs, _next_slice(b, s, rows, r0))
+            accs = summation.accumulate(
+                b, t, n, packed_ptr, b.mul(b.add(b.mul(p, _i64(s.alpha ** 2)), k), _i64(s.cin)),
+                1, s.cin, row_ptrs, _next_slice(b, s, rows, r0), block=SUM_BLOCK[s.m])
             for i, acc in enumerate(accs):
                 row = b.add(b.add(b.mul(k, _i64(rows)), r0), _i64(i // t.nv))
                 off = b.add(b.mul(row, _i64(t.nr)), _i64((i % t.nv) * t.vec))
