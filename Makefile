@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup
+	BRAZE_THREAD_POOL=pool $(PY) -m pytest -q tests/runtime/test_pool.py
 
 # Cross-compiled C libraries (braze compile --emit c --triple aarch64-linux-gnu) linked
 # by Debian's cross gcc and run under qemu-aarch64 (installs both; needs root and apt).

@@ -5,14 +5,25 @@ cluster's code is loaded: runtime/cpu.py's JitModule calls it) compiles the defi
 this machine gets and registers its address under that name, so every loaded cluster
 calls it:
 
-- braze's own pool (`parallel.pool_module`) on Linux x86_64 and AArch64: its workers
+- GNU OpenMP's `GOMP_parallel` (each thread of the team a static share), the default:
+  under torch it is the same libgomp team torch's own ops use;
+- braze's own pool (`parallel.pool_module`) on Linux x86_64 and AArch64 when
+  BRAZE_THREAD_POOL=pool (opt-in; see below why not the default): its workers
   are daemon Python threads, each inside one ctypes call of `braze_worker(id)` that
   never returns (ctypes releases the GIL: they never run Python again);
   `ensure_workers(n)` starts them as clusters ask for threads. A forked child has none
   of its parent's threads: it resets the pool and starts as many workers of its own;
-- GNU OpenMP's `GOMP_parallel` elsewhere, or when BRAZE_THREAD_POOL=gomp (each thread
-  of the team a static share, as before the pool: to compare);
-- the calling thread alone where libgomp is missing too.
+- the calling thread alone where libgomp is missing.
+
+Why the pool is opt-in: it keeps a model's speed when other processes load the cores
+(ResNet-50 batch 1 182 ms against OpenMP's 892 under a load of 7-9), but on a quiet
+machine its worker polls only ~200 us before sleeping, and two front ends lose to that:
+the torch path, whose per-call overhead (dynamo's guards, the frozen-weight check) is
+longer than the poll, so every call wakes a sleeping worker that the small kernels
+finish without (zoo, quiet: mobilenet_v3_small 3.0 ms against 1.3 with OpenMP,
+TransformerEncoder 4.6 against 2.5); and a split recurrence, whose OpenMP team then
+shares the cores with a polling worker (the LSTM 3.3-3.5 ms against 2.4). Polling 2 ms
+cured the first and made the second 7.7 ms.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ import llvmlite.binding as llvm
 from compiler import target as targets
 from compiler.codegen import llvm_cpu, parallel
 
-ENV = "BRAZE_THREAD_POOL"  # "gomp": OpenMP's static split instead of braze's pool
+ENV = "BRAZE_THREAD_POOL"  # "pool": braze's own pool instead of OpenMP's static split
 _WORKER = ctypes.CFUNCTYPE(None, ctypes.c_int32)
 _RESET = ctypes.CFUNCTYPE(None)
 _lock = threading.Lock()  # held while workers start
@@ -47,7 +58,7 @@ def _install() -> str:
     from runtime.cpu import JitModule  # runtime/cpu.py imports this module
 
     triple = targets.host().triple
-    if parallel.has_pool(triple) and os.environ.get(ENV, "pool") != "gomp":
+    if parallel.has_pool(triple) and os.environ.get(ENV, "gomp") == "pool":
         kind, text = "pool", parallel.pool_module(triple)
     elif llvm_cpu.libgomp():
         kind, text = "gomp", parallel.gomp_module(triple)

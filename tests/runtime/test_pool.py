@@ -23,8 +23,9 @@ PTR = ir.PointerType()
 _PARALLEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                              ctypes.c_int32)
 HOST = targets.host().triple
-pool_only = pytest.mark.skipif(pool.install() != "pool", reason="braze's pool needs Linux "
-                               "on x86_64 or AArch64")
+pool_only = pytest.mark.skipif(pool.install() != "pool", reason="braze's pool is opt-in "
+                               "(BRAZE_THREAD_POOL=pool; `make test` runs this file so) and "
+                               "needs Linux on x86_64 or AArch64")
 
 
 def _counting_nest() -> tuple[JitModule, int]:
