@@ -13,7 +13,6 @@ Neutral operands (every element of c equal to the neutral value):
   NaN stays NaN: NaN*1, NaN+0 and max(NaN, -inf) are NaN, as x is.
 Division by a float constant 2^k: x / c -> x * (1/c) (1/c is exact, so both round the
 same real number; a multiply is several times cheaper than a divide in a kernel).
-(Any other float constant: see the rounding family below.)
 Involutions: neg(neg(x)) -> x, not(not(x)) -> x.
 select(c, a, b) with c all true -> a, all false -> b; select(p, a, a) -> a.
 Casts:
@@ -33,22 +32,18 @@ Movement:
     (element i reads mid[b + i*t] = x[a + (b + i*t)*s])
   reduce over axes that all have size 1                   -> reshape (or x with keepdims)
 
-Strength reduction of float pow by a constant small integer (a family of rules that
+Strength reduction of float pow by a constant small integer (the one family here that
 may move a result by a rounding): x ** 2 -> x * x, x ** 3 -> (x * x) * x,
 x ** 4 -> (x * x) * (x * x), x ** -1 -> 1 / x. x * x and 1 / x are the correctly
 rounded x^2 and 1/x; a cube or fourth power rounds twice (within 1 ulp of the true
 power), as torch's and onnxruntime's own pow kernels compute these exponents. The
 win is large: pow lowers to a scalar libm call that blocks vectorization and keeps
 the op out of a GEMM's register epilogue (GPT-2's tanh GELU has x ** 3).
-Likewise x / c -> x * (1/c) for any float constant c whose reciprocal is a finite
-normal number: fl(1/c) is within half an ulp of 1/c, so the product is within about
-1 ulp of the correctly rounded quotient, below what any kernel's summation order moves
-a result (and under an erf reading it: erf moves by at most about as much, |x erf'(x)
-/ erf(x)| <= 1, under the 4 ulp braze's float32 erf allows, codegen/mathlib.py). A
-vector divide costs ~10 cycles of throughput in a kernel's epilogue, a multiply 0.5:
-the erf GELU, x * (1 + erf(x / sqrt 2)) / 2, after every MLP's first matmul, and
-torch's hardswish and hardsigmoid, which end in "/ 6", after every depthwise conv of
-the MobileNetV3s (9 or 25 FMAs per output).
+Likewise erf(x / c) -> erf(x * (1/c)) for a float constant c read only by that erf: the
+argument may move by 1 ulp, which moves erf by at most about 1 ulp (|x erf'(x) / erf(x)|
+<= 1), under the 4 ulp that braze's float32 erf itself allows (codegen/mathlib.py); a
+vector division costs ~10 cycles of throughput in a GEMM epilogue, a multiply 0.5
+(the erf GELU, x * (1 + erf(x / sqrt 2)) / 2, after every MLP's first matmul).
 """
 
 from __future__ import annotations
@@ -244,11 +239,15 @@ def check_div_by_constant(node: Node, ctx: Context):
     value = float(c.reshape(-1)[0])
     if value == 0 or not np.isfinite(value):
         return "the divisor is 0 or not finite"
-    with np.errstate(over="ignore"):
-        inv = np.asarray(1.0 / value, dtype=c.dtype)
-    if not np.isfinite(inv) or abs(float(inv)) < np.finfo(c.dtype).tiny:
-        return "1/c is not a finite normal number (it would lose the quotient's precision)"
-    return inv  # exact for c = 2^k, else within 1 ulp (the module docstring)
+    if not _power_of_two(value):
+        return "1/c is not exact (x * (1/c) could differ from x / c in the last bit)"
+    return np.asarray(1.0 / value, dtype=c.dtype)
+
+
+def _power_of_two(v: float) -> bool:
+    """Whether |v| = 2^k: then 1/v is exact and x * (1/v) rounds the same value as x / v."""
+    m, _ = np.frexp(abs(v))
+    return m == 0.5
 
 
 def rewrite_div_by_constant(graph: Graph, node: Node, inv) -> None:
@@ -294,7 +293,31 @@ def rewrite_pow_by_small_integer(graph: Graph, node: Node, exponent: float) -> V
     return mul(square, x if exponent == 3.0 else square, "power")
 
 
+def check_erf_of_quotient(node: Node, ctx: Context):
+    p = node.inputs[0].producer
+    if node.outputs[0].dtype not in ("f32", "f64") or p is None or p.op != "div":
+        return "erf of something other than a float quotient"
+    c = const_value(p.inputs[1])
+    if c is None or c.size != 1 or p.outputs[0].type != p.inputs[0].type:
+        return "the divisor is not one constant (or it broadcasts the quotient)"
+    value = float(c.reshape(-1)[0])
+    if value == 0 or not np.isfinite(value):
+        return "the divisor is 0 or not finite"
+    why = ctx.sole_reader(p.outputs[0])
+    if why is not None:
+        return why
+    return p, np.asarray(1.0 / value, dtype=c.dtype)
+
+
+def rewrite_erf_of_quotient(graph: Graph, node: Node, match) -> None:
+    div, inv = match
+    div.op = "mul"
+    graph.set_input(div, 1, new_const(graph, div, inv, "inverse"))
+
+
 RULES = [
+    Rule("erf_of_quotient", frozenset({"erf"}), check_erf_of_quotient,
+         rewrite_erf_of_quotient),
     Rule("pow_by_small_integer", frozenset({"pow"}), check_pow_by_small_integer,
          rewrite_pow_by_small_integer),
     Rule("div_by_constant", frozenset({"div"}), check_div_by_constant, rewrite_div_by_constant),
