@@ -279,7 +279,7 @@ class GraphRunner:
         version counters, a sampled fingerprint): drop every specialization."""
         if self._frozen is not None and self._frozen.changed(args):
             log.info("braze: frozen weights of graph %s changed; compiling it again", self.name)
-            self._specs.clear()
+            self.drop()
 
     def drop(self) -> None:
         """Forget every specialization (its frozen weights are stale)."""
