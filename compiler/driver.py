@@ -19,6 +19,7 @@ from compiler.errors import CompileError
 from compiler.ir import Graph, Node
 from compiler.passes.cluster import Cluster, describe_partition, partition
 from compiler.passes.pipeline import run_passes
+from compiler.passes.windows import lower_windows
 
 # What the CompileError of a refused node says after the node and its reason: the
 # option that made the refusal an error.
@@ -48,6 +49,9 @@ def channels_last(graph: Graph, target: str) -> bool:
 
 # Run once each, in order, after the generic pipeline and before clustering.
 TARGET_PASSES: list[TargetPass] = [
+    TargetPass(lower_windows,
+               "1-d and 3-d convs and 3-d max pools become 2-d ones plus movement, which "
+               "the CPU's window kernels run; before the layout pass, which converts them"),
     TargetPass(channels_last,
                "conv/pool chains run NHWC where the target has NHWC kernels, transposes "
                "sunk to the chain's ends; before clustering, since supports() refuses "

@@ -47,6 +47,9 @@ from compiler.passes.rules import Context, Rule, apply_rules, const_value, new_c
 TO_LAST = (0, 2, 3, 1)  # N,C,H,W -> N,H,W,C
 TO_FIRST = (0, 3, 1, 2)  # N,H,W,C -> N,C,H,W
 RANKS = (3, 4)  # 1-d windows (N,C,W <-> N,W,C) and 2-d ones
+# Channels-last values whose transposes sink through elementwise ops and reductions:
+# also volumes (N,D,H,W,C), which compiler/passes/windows.py writes around 3-d windows.
+SINK_RANKS = (3, 4, 5)
 WINDOWED = ("conv", "max_pool", "avg_pool")
 REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 # Rounds of (layout rules, identities) before giving up on a fixed point; a ResNet
@@ -71,7 +74,7 @@ def _is_first(v: Value) -> bool:
     if p is None or p.op != "transpose":
         return False
     perm = tuple(p.attrs["perm"])
-    return len(perm) in RANKS and perm == to_first(len(perm))
+    return len(perm) in SINK_RANKS and perm == to_first(len(perm))
 
 
 def _channel_view(v: Value) -> tuple | None:
@@ -216,8 +219,8 @@ def _rewrite_convert(graph: Graph, node: Node, _match) -> Value:
 def _check_sink_elementwise(node: Node, ctx: Context):
     out = node.outputs[0]
     rank = len(out.shape)
-    if rank not in RANKS:
-        return "not a 3-d or 4-d result"
+    if rank not in SINK_RANKS:
+        return "not a 3-d, 4-d or 5-d result"
     if not any(_is_first(u) and len(u.shape) == rank for u in node.inputs):
         return "no operand is a channels-last value"
     for u in node.inputs:

@@ -1,0 +1,227 @@
+"""1-d and 3-d windows as 2-d ones: convolutions and pooling the CPU kernels run.
+
+braze's window kernels (compiler/kernels/conv.py, grouped.py, the pooling rows) are
+written for 2-d images in channels-last layout. Other ranks become 2-d windows plus
+movement, which the layout pass and the consumers' index arithmetic then absorb:
+
+1-d (N,C,W), a convolution with one group (grouped 1-d convs have their own kernel)
+or a max or average pool:
+  conv1d(x, w)  = reshape(conv2d(reshape(x, N,C,1,W), reshape(w, O,C,1,K)), N,O,Wo)
+  (a 1 x K window over a 1-row image: the same products in the same order; a pool's
+  1 x K window counts the same elements, padding included or not)
+
+3-d (N,C,D,H,W), depth folded into the batch and the depth taps into the channels:
+  xp   = x padded in depth only (zeros for a conv, -inf for max pooling)
+  x_k  = slice(xp, depth k*dd, step sd, Do of them)         for each depth tap k < KD
+  conv3d(x, w)[n,o,d] = sum_k conv2d(x_k[n,:,d], w[:,:,k])  (depth window k, in order)
+                      = conv2d(concat_k x_k[n,:,d], w')     (one contraction over k and c)
+  with w' = w transposed to O,KD,C/g,KH,KW and flattened to O,KD*C/g,KH,KW. With g
+  groups the taps are concatenated inside each group (x_k seen as N,g,C/g,...), so
+  group j's input channels are still the ones w' expects: tap-major, then channel.
+  The 2-d conv runs on N*Do images: transpose N,C',Do,H,W -> N,Do,C',H,W, reshape;
+  its output N*Do,O,Ho,Wo is reshaped and transposed back to N,O,Do,Ho,Wo.
+  max_pool3d(x)[n,c,d] = max_k max_pool2d(x_k[n,c,d]) (one 2-d pool per depth tap);
+  avg_pool3d(x)[n,c,d] = (1/KD) sum_k avg_pool2d(x_k[n,c,d]) where every tap counts
+  the same elements: no depth padding, or padding counted (count_include_pad); a
+  depth-padded average that leaves the padding out stays on the host.
+The concatenation holds KD copies of the (strided) input: a video model's 3x3x3
+convs read 3x their input once, then run on the register-blocked GEMM as any conv.
+
+The rewrite is exact: every output is the same sum of the same products; only the
+order in which the K = KD*C*KH*KW products are added may differ (as between any two
+conv kernels). Target pass (compiler/driver.py, TARGET_PASSES): CPU targets only,
+since the lowered 2-d windows are worth it only where they compile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from compiler.target import kind as target_kind
+from compiler.ir import Graph, Node, Value
+from compiler.passes.layout import to_first, to_last
+from compiler.passes.rules import new_const
+
+FLOATS = ("f32",)  # the dtype the 2-d window kernels compile (README: not float64)
+
+
+def lower_windows(graph: Graph, target: str = "cpu") -> bool:
+    """Rewrite every 1-d single-group conv and 3-d conv or max pool of `graph` into 2-d
+    ones (module doc), in place; whether any changed."""
+    if target_kind(target) != "cpu":
+        return False
+    changed = False
+    for node in list(graph.nodes):
+        if _refusal(node) is None:
+            lowered = _LOWER[(node.op, node.inputs[0].type.rank)](graph, node)
+            graph.replace_all_uses(node.output, lowered)
+            graph.remove_node(node)
+            changed = True
+    return changed
+
+
+def _refusal(node: Node) -> str | None:
+    """None if `node` is a window this pass lowers, else why not."""
+    x = node.inputs[0] if node.inputs else None
+    if x is None or (node.op, x.type.rank) not in _LOWER:
+        return "not a 1-d or 3-d window this pass lowers"
+    if node.op == "conv" and x.type.rank == 3 and node.attrs["group"] != 1:
+        return "grouped 1-d convs have their own kernel"
+    if node.op == "avg_pool" and x.type.rank == 5 and not node.attrs["count_include_pad"] \
+            and (node.attrs["pads"][0] or node.attrs["pads"][3]):
+        return "a depth-padded average that does not count the padding"
+    if node.attrs.get("layout", "NCHW") != "NCHW" or not x.type.static:
+        return "not a static channels-first window"
+    if x.dtype not in FLOATS or any(not v.type.static for v in node.inputs):
+        return f"dtype {x.dtype} or a dynamic operand"
+    return None
+
+
+class _At:
+    """Inserts nodes before a given node, in order."""
+
+    def __init__(self, graph: Graph, node: Node):
+        self.graph = graph
+        self.index = graph.nodes.index(node)
+        self.name = node.name
+
+    def op(self, op: str, *inputs: Value, **attrs) -> Value:
+        """A new node's value; movement of a constant (the weight's) is folded here, since
+        this pass runs after the pipeline's constant folding."""
+        node = self.graph.add_node(op, inputs, attrs, name=self.name, index=self.index)
+        self.index += 1
+        if op in ("reshape", "transpose") and inputs[0].is_const:
+            array = node.opdef.eval_fn(node, inputs[0].const_value)[0]
+            self.index -= 1
+            self.graph.remove_node(node)
+            return self.const(array)
+        return node.output
+
+    def const(self, array) -> Value:
+        v = new_const(self.graph, self.graph.nodes[self.index], array, f"{self.name}.w")
+        self.index += 1
+        return v
+
+    def reshape(self, x: Value, shape) -> Value:
+        return self.op("reshape", x, shape=tuple(int(d) for d in shape))
+
+
+# -- 1-d ------------------------------------------------------------------
+
+def _conv1d(graph: Graph, node: Node) -> Value:
+    at = _At(graph, node)
+    x, w = node.inputs[:2]
+    a = node.attrs
+    n, c, width = x.shape
+    x4 = at.reshape(x, (n, c, 1, width))
+    w4 = at.reshape(w, (w.shape[0], w.shape[1], 1, w.shape[2]))
+    y = at.op("conv", x4, w4, *node.inputs[2:], strides=(1, a["strides"][0]),
+              pads=(0, a["pads"][0], 0, a["pads"][1]), dilations=(1, a["dilations"][0]),
+              group=1)
+    return at.reshape(y, node.output.shape)
+
+
+def _pool1d(graph: Graph, node: Node) -> Value:
+    at = _At(graph, node)
+    x = node.inputs[0]
+    a = node.attrs
+    n, c, width = x.shape
+    extra = {"count_include_pad": a["count_include_pad"]} if node.op == "avg_pool" else {}
+    y = at.op(node.op, at.reshape(x, (n, c, 1, width)), kernel=(1, a["kernel"][0]),
+              strides=(1, a["strides"][0]), pads=(0, a["pads"][0], 0, a["pads"][1]),
+              dilations=(1, a["dilations"][0]), **extra)
+    return at.reshape(y, node.output.shape)
+
+
+# -- 3-d ------------------------------------------------------------------
+# Volumes are handled channels-last (N,D,H,W,C) from the start: the transposes this
+# writes around each window cancel against the layout pass's (compiler/passes/layout.py
+# sinks the rank-5 ones through the elementwise ops between windows), so a video
+# model's activations stay channels-last from one window to the next.
+
+def _volume_last(at: _At, node: Node, fill: float) -> Value:
+    """The window's input as N,D,H,W,C, padded in depth."""
+    x = at.op("transpose", node.inputs[0], perm=to_last(5))
+    before, after = node.attrs["pads"][0], node.attrs["pads"][3]
+    if before or after:
+        pads = (0, before, 0, 0, 0, 0, after, 0, 0, 0)
+        x = at.op("pad", x, pads=pads, mode="constant", value=fill)
+    return x
+
+
+def _depth_taps(at: _At, node: Node, x: Value, taps: int) -> list[Value]:
+    """x_k for each depth tap k (module doc): Do planes of the padded N,D,H,W,C input
+    `x`, read with the window's depth stride."""
+    a = node.attrs
+    stride, dilation = a["strides"][0], a["dilations"][0]
+    n, _, h, w, c = x.shape
+    sizes = (n, node.output.shape[2], h, w, c)
+    return [at.op("slice", x, starts=(0, k * dilation, 0, 0, 0), steps=(1, stride, 1, 1, 1),
+                  sizes=sizes) for k in range(taps)]
+
+
+def _images(at: _At, x: Value) -> Value:
+    """N,Do,H,W,C -> N*Do,C,H,W (each depth plane an image, seen channels-first)."""
+    n, d, h, w, c = x.shape
+    return at.op("transpose", at.reshape(x, (n * d, h, w, c)), perm=to_first(4))
+
+
+def _volume_first(at: _At, y: Value, out_shape) -> Value:
+    """N*Do,O,Ho,Wo -> N,O,Do,Ho,Wo (through N,Do,Ho,Wo,O)."""
+    n, o, d, h, w = out_shape
+    y = at.reshape(at.op("transpose", y, perm=to_last(4)), (n, d, h, w, o))
+    return at.op("transpose", y, perm=to_first(5))
+
+
+def _plane_attrs(a: dict) -> dict:
+    """The 2-d window attributes of a 3-d window (height and width)."""
+    pads = a["pads"]
+    return {"strides": tuple(a["strides"][1:]), "dilations": tuple(a["dilations"][1:]),
+            "pads": (pads[1], pads[2], pads[4], pads[5])}
+
+
+def _stack_taps(at: _At, taps: list[Value], groups: int) -> Value:
+    """The taps' channels side by side within each group: channel j*KD*C/g + k*C/g + c
+    is channel c of group j of tap k."""
+    if len(taps) == 1:
+        return taps[0]
+    n, d, h, w, c = taps[0].shape
+    split = [at.reshape(t, (n, d, h, w, groups, c // groups)) for t in taps]
+    return at.reshape(at.op("concat", *split, axis=5), (n, d, h, w, c * len(taps)))
+
+
+def _conv3d(graph: Graph, node: Node) -> Value:
+    at = _At(graph, node)
+    w = node.inputs[1]
+    g = node.attrs["group"]
+    o, cg, kd, kh, kw = w.shape
+    taps = _depth_taps(at, node, _volume_last(at, node, 0.0), kd)
+    w2 = at.reshape(at.op("transpose", w, perm=(0, 2, 1, 3, 4)), (o, kd * cg, kh, kw))
+    y = at.op("conv", _images(at, _stack_taps(at, taps, g)), w2, *node.inputs[2:], group=g,
+              **_plane_attrs(node.attrs))
+    return _volume_first(at, y, node.output.shape)
+
+
+def _pool3d(graph: Graph, node: Node) -> Value:
+    """max: the largest of the taps' 2-d maxima. avg: the mean of the taps' 2-d means,
+    exact when every tap has the same count (no depth padding, or padding counted)."""
+    at = _At(graph, node)
+    a = node.attrs
+    kd, kh, kw = a["kernel"]
+    average = node.op == "avg_pool"
+    extra = {"count_include_pad": a["count_include_pad"]} if average else {}
+    taps = _depth_taps(at, node, _volume_last(at, node, 0.0 if average else -math.inf), kd)
+    pooled = [at.op(node.op, _images(at, t), kernel=(kh, kw), **_plane_attrs(a), **extra)
+              for t in taps]
+    y = pooled[0]
+    for p in pooled[1:]:
+        y = at.op("add" if average else "max", y, p)
+    if average and kd > 1:
+        y = at.op("mul", y, at.const(np.array(1.0 / kd, np.float32)))
+    return _volume_first(at, y, node.output.shape)
+
+
+_LOWER = {("conv", 3): _conv1d, ("max_pool", 3): _pool1d, ("avg_pool", 3): _pool1d,
+          ("conv", 5): _conv3d, ("max_pool", 5): _pool3d, ("avg_pool", 5): _pool3d}
