@@ -71,9 +71,11 @@ def braze(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = No
     if (why := check_for_skip(example_inputs, opts)) is not None:
         log.info("braze: running graph eagerly: %s", why)
         return gm.forward
+    from importers.fx_resize import route_interpolate
     from importers.fx_rnn import route_recurrent
 
     route_recurrent(gm)  # LSTM/GRU/RNN as one op each, not unrolled cells (gradients off)
+    route_interpolate(gm)  # F.interpolate as one op, not indexing (gradients off)
     try:
         return _aot(opts)(gm, example_inputs)
     except _DYNAMO_CONTROL_FLOW:

@@ -27,7 +27,7 @@ import torch.fx
 from compiler.errors import CompileError
 from compiler.ir import Graph, IRError, TensorType, Value
 from importers import (  # noqa: F401  (fill the table)
-    fx_elementwise, fx_movement, fx_nn, fx_rnn, fx_transformer)
+    fx_elementwise, fx_movement, fx_nn, fx_resize, fx_rnn, fx_transformer)
 from importers.fx_context import CONVERTERS, SEEDED_CHECKED, Ctx, Fallback, tensor_type
 
 log = logging.getLogger("braze")

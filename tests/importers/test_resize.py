@@ -1,0 +1,168 @@
+"""Resizing (importers/interpolation.py, onnx_ops/resize.py, fx_resize.py): each axis as
+constant-index gathers, weighted and summed; the taps' structure, and the numbers
+against onnxruntime (ONNX Resize, Upsample) and eager torch (F.interpolate), compiled
+with nothing on the host."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper, numpy_helper
+
+import bridge
+from importers.interpolation import Interpolation, axis_taps
+
+RNG = np.random.default_rng(0)
+
+
+def test_taps_per_mode():
+    up = 2.0
+    nearest = axis_taps(Interpolation("nearest"), 4, 8, up)
+    assert (nearest.weights.sum(axis=0) == 1).all() and set(nearest.weights.ravel()) <= {0, 1}
+    linear = axis_taps(Interpolation("linear"), 4, 8, up)
+    assert linear.indices.shape == (2, 8)
+    np.testing.assert_allclose(linear.weights.sum(axis=0), 1)
+    cubic = axis_taps(Interpolation("cubic"), 4, 8, up)
+    assert cubic.indices.shape == (4, 8) and cubic.indices.min() == 0 and cubic.indices.max() == 3
+    wide = axis_taps(Interpolation("linear", antialias=True), 16, 4, 0.25)
+    assert wide.indices.shape[0] == 8  # the triangle stretched 4x
+    same = axis_taps(Interpolation("linear", coordinates="align_corners"), 5, 5, 1.0)
+    assert same.is_identity()
+    assert not axis_taps(Interpolation("nearest"), 2, 1, 0.5).is_identity()  # a new length
+
+
+def _resize_model(attrs: dict, x_shape, scales=None, sizes=None, opset=19, op="Resize"):
+    inits, ins = [], ["x"]
+    if op == "Resize" and opset >= 11:
+        inits.append(numpy_helper.from_array(np.zeros(0, np.float32), "roi"))
+        ins.append("roi")
+    if scales is not None:
+        inits.append(numpy_helper.from_array(np.array(scales, np.float32), "scales"))
+        ins.append("scales")
+    elif op == "Resize" and opset >= 11:
+        ins.append("")
+    if sizes is not None:
+        inits.append(numpy_helper.from_array(np.array(sizes, np.int64), "sizes"))
+        ins.append("sizes")
+    node = helper.make_node(op, ins, ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(x_shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _against_onnxruntime(model, x_shape, fallback=False):
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    m = bridge.compile_onnx(model, allow_fallback=fallback)
+    got = m(x)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+    return m
+
+
+RESIZES = [
+    (mode, coords, extra, given)
+    for mode, coords in itertools.product(
+        ("nearest", "linear", "cubic"),
+        ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+         "half_pixel_symmetric"))
+    for extra in ([{}] if mode == "nearest" else [{}, {"antialias": 1}])
+    for given in (("scales", [1, 1, 2, 2]), ("scales", [1, 1, 0.5, 0.6]),
+                  ("sizes", [1, 3, 7, 13]))
+] + [
+    ("nearest", "half_pixel", {"nearest_mode": m}, ("scales", [1, 1, 1.7, 3.0]))
+    for m in ("round_prefer_ceil", "floor", "ceil")
+] + [
+    ("cubic", "half_pixel", {"exclude_outside": 1, "cubic_coeff_a": -0.5},
+     ("sizes", [1, 3, 9, 4])),
+]
+
+
+@pytest.mark.parametrize("mode,coords,extra,given", RESIZES)
+def test_resize_matches_onnxruntime(mode, coords, extra, given):
+    attrs = dict(mode=mode, coordinate_transformation_mode=coords, **extra)
+    model = _resize_model(attrs, (1, 3, 5, 6), **{given[0]: given[1]})
+    _against_onnxruntime(model, (1, 3, 5, 6))
+
+
+def test_resize_on_some_axes_and_keep_aspect_ratio():
+    attrs = dict(mode="linear", axes=[2, 3], keep_aspect_ratio_policy="not_larger")
+    _against_onnxruntime(_resize_model(attrs, (1, 2, 6, 8), sizes=[9, 9]), (1, 2, 6, 8))
+
+
+@pytest.mark.parametrize("op,opset,mode", [("Resize", 10, "nearest"), ("Resize", 10, "linear"),
+                                           ("Upsample", 9, "nearest"), ("Upsample", 9, "linear")])
+def test_resize_10_and_upsample_match_onnxruntime(op, opset, mode):
+    for scales in ([1, 1, 2, 3], [1, 1, 1.5, 2.5]) + (([1, 1, 0.5, 0.75],) if op == "Resize"
+                                                      else ()):
+        model = _resize_model(dict(mode=mode), (1, 2, 6, 8), scales=scales, opset=opset, op=op)
+        _against_onnxruntime(model, (1, 2, 6, 8))
+
+
+def test_upsample_by_less_than_one_is_refused_as_onnxruntime_refuses_it():
+    model = _resize_model(dict(mode="nearest"), (1, 2, 6, 8), scales=[1, 1, 0.5, 1], opset=9,
+                          op="Upsample")
+    with pytest.raises(bridge.InvalidModelError, match="at least 1"):
+        bridge.compile_onnx(model)(np.zeros((1, 2, 6, 8), np.float32))
+
+
+def test_a_bilinear_upsample_is_two_gathers_per_axis():
+    model = _resize_model(dict(mode="linear"), (1, 3, 8, 8), scales=[1, 1, 2, 2])
+    m = _against_onnxruntime(model, (1, 3, 8, 8))
+    spec = next(iter(m._specs.values()))
+    ops = [n.op for n in spec.plan.graph.nodes] if hasattr(spec, "plan") else None
+    text = m.explain()
+    assert "of 1 nodes" not in text and "not compiled" not in text
+    if ops is not None:
+        assert ops.count("gather") == 4
+
+
+def test_tf_crop_and_resize_stays_on_the_host():
+    attrs = dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize")
+    model = _resize_model(attrs, (1, 1, 4, 4), sizes=[1, 1, 3, 3])
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        np.array([0, 0, 0.2, 0.2, 1, 1, 0.8, 0.8], np.float32), "roi"))
+    m = _against_onnxruntime(model, (1, 1, 4, 4), fallback=True)
+    assert "tf_crop_and_resize" in m.explain()
+
+
+class _Interp(torch.nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, x):
+        return F.interpolate(x, **self.kw) * 2
+
+
+INTERPOLATIONS = [
+    (4, dict(mode=mode, align_corners=ac, **size))
+    for size in (dict(size=(13, 21)), dict(scale_factor=2), dict(scale_factor=(0.5, 1.7)),
+                 dict(scale_factor=1.05))
+    for mode, ac in (("nearest", None), ("nearest-exact", None), ("bilinear", False),
+                     ("bilinear", True), ("bicubic", False), ("bicubic", True))
+] + [
+    (3, dict(mode="linear", scale_factor=3, align_corners=False)),
+    (3, dict(mode="nearest", size=11)),
+    (5, dict(mode="trilinear", scale_factor=2, align_corners=False)),
+    (5, dict(mode="nearest", scale_factor=(1, 2, 2))),
+]
+
+
+@pytest.mark.parametrize("rank,kw", INTERPOLATIONS)
+def test_interpolate_through_torch_compile_matches_eager(rank, kw):
+    torch._dynamo.reset()
+    x = torch.randn(*[1, 3, 7, 9, 5][:rank])
+    model = _Interp(**kw)
+    with torch.no_grad():
+        got = torch.compile(model, backend="braze",
+                            options={"allow_fallback": False, "strict": True})(x)
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
