@@ -191,14 +191,30 @@ def _addmm(cx: Ctx, bias, a, b, beta=1, alpha=1):
 @converts(aten.convolution.default)
 def _convolution(cx: Ctx, x, w, bias, stride, padding, dilation, transposed, output_padding,
                  groups):
-    if transposed:
-        raise Fallback("transposed convolution has no IR op yet")
     n = x.type.rank - 2
     expand = (lambda v: list(v) * n if len(v) == 1 else list(v))
+    if transposed:
+        return _conv_transpose(cx, x, w, bias, expand(stride), expand(padding) * 2,
+                               expand(dilation), expand(output_padding), groups)
     pads = expand(padding) * 2
     inputs = [x, w] + ([bias] if bias is not None else [])
     return cx.op("conv", *inputs, strides=expand(stride), pads=pads, dilations=expand(dilation),
                  group=groups)
+
+
+def _conv_transpose(cx: Ctx, x, w, bias, strides, pads, dilations, out_pad, groups):
+    """importers/transposed.py lowers it onto the direct conv (constant weights: frozen)."""
+    from importers.transposed import NotLowered, conv_transpose_ir
+
+    arrays = [v.const_value if v is not None else None for v in (w, bias)]
+    if arrays[0] is None or (bias is not None and arrays[1] is None):
+        raise Fallback("a transposed convolution's weight and bias must be constants "
+                       "(frozen)")
+    try:
+        return conv_transpose_ir(cx, x, arrays[0], arrays[1], strides, pads, dilations,
+                                 out_pad, groups)
+    except NotLowered as e:
+        raise Fallback(str(e)) from None
 
 
 # -- pooling ----------------------------------------------------------------

@@ -162,6 +162,48 @@ def convert_conv(cx: NodeContext):
     return [cx.op("conv", *inputs, group=cx.attr("group", 1), **attrs)]
 
 
+@converter("ConvTranspose", 1)
+def convert_conv_transpose(cx: NodeContext):
+    """importers/transposed.py lowers it onto the direct conv."""
+    from importers.transposed import NotLowered, conv_transpose_ir
+
+    x = cx.x
+    w = cx.const_input(1, "weight")
+    b = cx.const_input(2, "bias")
+    n = x.type.rank - 2
+    kernel = list(cx.attr("kernel_shape", w.shape[2:]))
+    if tuple(kernel) != tuple(w.shape[2:]):
+        raise Fallback(f"kernel_shape {kernel} differs from the weight's {w.shape[2:]}")
+    strides = list(cx.attr("strides", [1] * n))
+    dilations = list(cx.attr("dilations", [1] * n))
+    out_pad = list(cx.attr("output_padding", [0] * n))
+    pads = _transposed_pads(cx, x.shape[2:], kernel, strides, dilations, out_pad)
+    try:
+        return [conv_transpose_ir(cx, x, w, b, strides, pads, dilations, out_pad,
+                                  cx.attr("group", 1))]
+    except NotLowered as e:
+        raise Fallback(str(e)) from None
+
+
+def _transposed_pads(cx: NodeContext, in_dims, kernel, strides, dilations, out_pad) -> list:
+    """ConvTranspose's begin..end pads: given, or from output_shape / auto_pad (ONNX's
+    formulas: the total padding split with the odd one at the end for SAME_UPPER)."""
+    n = len(in_dims)
+    mode = cx.attr("auto_pad", "NOTSET")
+    shape = cx.attr("output_shape")
+    if shape is None and mode not in ("SAME_UPPER", "SAME_LOWER"):
+        return [0] * (2 * n) if mode == "VALID" else list(cx.attr("pads", [0] * (2 * n)))
+    shape = list(shape)[-n:] if shape is not None else [d * s for d, s in zip(in_dims, strides)]
+    begin, end = [], []
+    for i in range(n):
+        total = strides[i] * (in_dims[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] \
+            + 1 - shape[i]
+        small, big = total // 2, total - total // 2
+        begin.append(small if mode == "SAME_UPPER" else big)
+        end.append(big if mode == "SAME_UPPER" else small)
+    return begin + end
+
+
 @converter("MaxPool", 1)
 def convert_max_pool(cx: NodeContext):
     if cx.wants_output(1):
