@@ -56,8 +56,11 @@ CSE_CONST_ELEMENTS = 1 << 12
 
 # -- constant folding ----------------------------------------------------------
 
-def fold_refusal(node: Node) -> str | None:
-    """None if `node` may be folded into a constant; else the reason it is not."""
+def fold_refusal(node: Node, weight: bool = False) -> str | None:
+    """None if `node` may be folded into a constant; else the reason it is not. A
+    contraction's `weight` may outgrow its inputs (a scalar broadcast to a conv's kernel:
+    ONNX models that build weights with ConstantOfShape): the kernel packs it at compile
+    time, so it is held in full anyway."""
     if node.op in ("const", "host"):
         return f"{node.op} nodes are not folded"
     if any(const_value(v) is None for v in node.inputs):
@@ -68,7 +71,7 @@ def fold_refusal(node: Node) -> str | None:
                                              and out_size == in_size):
         return f"its result has {out_size} elements (> FOLD_MAX_ELEMENTS)"
     grown = FOLD_GROWN_ELEMENTS if node.opdef.family is Family.ELEMENTWISE else 0
-    if out_size > max(FOLD_ALWAYS_ELEMENTS, in_size, grown):
+    if out_size > max(FOLD_ALWAYS_ELEMENTS, in_size, grown) and not weight:
         return f"its result ({out_size} elements) would outgrow its constant inputs"
     return None
 
@@ -101,8 +104,10 @@ def _become_const(node: Node, value: Value, array: np.ndarray) -> Node:
 def fold_constants(graph: Graph) -> bool:
     """Evaluate nodes whose inputs are all constants (bounded: see FOLD_* constants)."""
     nodes, changed = [], False
+    weights = {v for n in graph.nodes if n.opdef.family is Family.CONTRACTION
+               for v in n.inputs[1:]}
     for node in graph.nodes:
-        why = fold_refusal(node)
+        why = fold_refusal(node, weight=any(v in weights for v in node.outputs))
         arrays = _folded(node) if why is None else why
         if isinstance(arrays, str):
             if node.op not in ("const", "host") and why != "not every input is a constant":

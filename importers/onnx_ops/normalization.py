@@ -97,3 +97,35 @@ def convert_group_norm(cx: NodeContext):
     y = cx.cast(cx.reshape(y, x.shape), x.dtype)
     y = cx.op("mul", y, cx.reshape(scale, _channel_shape(x)))
     return [cx.op("add", y, cx.reshape(bias, _channel_shape(x)))]
+
+
+@converter("LRN", 1)
+def convert_lrn(cx: NodeContext):
+    """Local response normalization across channels (AlexNet, GoogLeNet, ZFNet):
+    y = x / (bias + alpha / size * sum of x^2 over the `size` channels around c)^beta,
+    the window cut at the channel ends: the squares padded with zeros along the
+    channels, summed over `size` shifted slices."""
+    x = cx.x
+    if x.dtype not in ("f32", "f64") or x.type.rank < 3 or x.shape[1] is None:
+        raise Fallback(f"LRN over {x.type}")
+    size = int(cx.attr("size"))
+    alpha, beta = float(cx.attr("alpha", 1e-4)), float(cx.attr("beta", 0.75))
+    bias = float(cx.attr("bias", 1.0))
+    channels = x.shape[1]
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    square = cx.op("mul", x, x)
+    pads = [0] * (2 * x.type.rank)
+    pads[1], pads[x.type.rank + 1] = before, after
+    padded = cx.op("pad", square, pads=tuple(pads), mode="constant", value=0.0)
+    total = None
+    for j in range(size):
+        starts = [0] * x.type.rank
+        starts[1] = j
+        part = cx.op("slice", padded, starts=tuple(starts), steps=(1,) * x.type.rank,
+                     sizes=x.shape)
+        total = part if total is None else cx.op("add", total, part)
+    scaled = cx.op("add", cx.op("mul", total, cx.scalar(alpha / size, x.dtype)),
+                   cx.scalar(bias, x.dtype))
+    if channels == 0:
+        return [x]
+    return [cx.op("div", x, cx.op("pow", scaled, cx.scalar(beta, x.dtype)))]

@@ -100,6 +100,20 @@ def test_fold_constants_refuses_growth():
     assert not fold_constants(g)
 
 
+def test_a_contraction_weight_may_outgrow_its_inputs():
+    # ONNX models that build weights with ConstantOfShape: a scalar broadcast to a conv's
+    # kernel is folded, so the kernel can pack it (a bare broadcast elsewhere is not)
+    g = Graph()
+    x = g.add_input("x", TensorType("f32", (1, 16, 8, 8)))
+    w = g.op("broadcast", g.const(np.float32(0.5)), shape=(64, 16, 3, 3))
+    y = g.op("conv", x, w, strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), group=1)
+    g.outputs = [y]
+    assert simplify.fold_refusal(w.producer) is not None
+    assert fold_constants(g)
+    conv = next(n for n in g.nodes if n.op == "conv")
+    assert conv.inputs[1].is_const and conv.inputs[1].const_value.shape == (64, 16, 3, 3)
+
+
 def test_fold_constants_leaves_failing_evaluation_for_run_time():
     g = Graph()
     data = g.const(np.arange(4, dtype=np.float32))
