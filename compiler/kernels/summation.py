@@ -18,6 +18,21 @@ them), nothing measurable on ResNet-50 (one thread, interleaved runs, load ~6).
 Callers pass `block` where their sums are amplified: Winograd's per-position GEMMs go
 through its output transform, whose entries up to 27/8 multiply their rounding
 (winograd.SUM_BLOCK).
+
+The running totals live in a stack slot (`Totals`), read and written with volatile
+loads and stores, never in registers across a block's K loop. As SSA values they were
+live through every K loop but the first, and that loop holds the tile's accumulators,
+its panel vectors and the broadcast: 15 of AVX2's 16 registers. Where LLVM unrolled the
+loop over blocks (AVX2's smaller tiles: 6 straight-line K loops for K = 768), its
+register allocator kept one or two totals in registers across some of them and spilled
+accumulators inside the loop instead, a store-to-load round trip on an FMA chain at
+every K step; a GEMM epilogue's constants (GELU's) tipped it. The MLP block of
+benchmarks.fusion (4 x 32 x 768 x 768 with a GELU and residual epilogue, its LayerNorms
+apart), one thread, CPU time, min of 15 interleaved, same process: AVX2 2.57 -> 1.51 ms,
+AVX-512 1.63 -> 1.41 ms (its 27-register tile had lost less). A volatile access is one
+the optimizer keeps (a plain one it would forward back into a register); the slot costs
+a load, an add and a store per accumulator per block, what a spill around the K loop
+costs.
 """
 
 from __future__ import annotations
@@ -47,75 +62,123 @@ def blocks(k: int, block: int) -> tuple[int, int]:
 def accumulate(b: ir.IRBuilder, t: gemm.Tile, rows: int, packed_ptr, panel_k, k_outer: int,
                k_inner: int, row_ptrs, far=None, block: int | None = None) -> list:
     """gemm.accumulate's sum (same arguments) in blocks of at most `block` K steps, each
-    from zero, added. With k_outer > 1 a block is a run of whole outer steps (a conv's
-    taps) where one holds at most `block` steps, else each outer step's inner run is
-    split. `block` defaults to SUM_BLOCK."""
+    from zero, added into a `Totals` slot. With k_outer > 1 a block is a run of whole
+    outer steps (a conv's taps) where one holds at most `block` steps, else each outer
+    step's inner run is split. `block` defaults to SUM_BLOCK."""
     block = block or SUM_BLOCK
     if k_outer * k_inner <= block:
         return gemm.accumulate(b, t, rows, packed_ptr, panel_k, k_outer, k_inner, row_ptrs, far)
+    totals = Totals(b, t, rows)
     if k_outer > 1 and k_inner <= block:
-        return _outer_blocks(b, t, rows, packed_ptr, panel_k, k_outer, k_inner, row_ptrs,
-                             far, block)
-    if k_outer == 1:
-        return _inner_blocks(b, t, rows, packed_ptr, panel_k, k_inner, row_ptrs, far, block,
-                             _i64(0))
+        _outer_blocks(b, t, rows, packed_ptr, panel_k, k_outer, k_inner, row_ptrs, far, block,
+                      totals)
+    elif k_outer == 1:
+        _inner_blocks(b, t, rows, packed_ptr, panel_k, k_inner, row_ptrs, far, block,
+                      _i64(0), totals)
+    else:
+        def step(b, kk):
+            def ptrs(b, _):
+                return row_ptrs(b, kk)
+            start = b.add(panel_k, b.mul(kk, _i64(k_inner)))
+            _inner_blocks(b, t, rows, packed_ptr, start, k_inner, ptrs, far, block, kk,
+                          totals)
 
-    def step(b, kk, totals):
-        def ptrs(b, _):
-            return row_ptrs(b, kk)
-        start = b.add(panel_k, b.mul(kk, _i64(k_inner)))
-        part = _inner_blocks(b, t, rows, packed_ptr, start, k_inner, ptrs, far, block, kk)
-        return _add(b, totals, part)
-
-    return _loop(b, k_outer, _zeros(t, rows), step)
+        _loop(b, k_outer, step)
+    return totals.load(b)
 
 
 def _inner_blocks(b, t: gemm.Tile, rows: int, packed_ptr, panel_k, k: int, row_ptrs, far,
-                  block: int, kk) -> list:
-    """One run of k contiguous steps (row_ptrs(b, kk) at its start) in blocks."""
+                  block: int, kk, totals: Totals) -> None:
+    """One run of k contiguous steps (row_ptrs(b, kk) at its start) in blocks, each added
+    to `totals`."""
     size, count = blocks(k, block)
 
     def part(b, c0, n):
         def ptrs(b, _):
             return [b.gep(p, [c0], source_etype=gemm.F32, inbounds=True) for p in row_ptrs(b, kk)]
-        return gemm.accumulate(b, t, rows, packed_ptr, b.add(panel_k, c0), 1, n, ptrs, far)
+        totals.add(b, gemm.accumulate(b, t, rows, packed_ptr, b.add(panel_k, c0), 1, n, ptrs,
+                                      far))
 
-    totals = _loop(b, count, _zeros(t, rows), lambda b, j, totals: _add(
-        b, totals, part(b, b.mul(j, _i64(size)), size)))
+    _loop(b, count, lambda b, j: part(b, b.mul(j, _i64(size)), size))
     if k > size * count:
-        totals = _add(b, totals, part(b, _i64(size * count), k - size * count))
-    return totals
+        part(b, _i64(size * count), k - size * count)
 
 
 def _outer_blocks(b, t: gemm.Tile, rows: int, packed_ptr, panel_k, k_outer: int, k_inner: int,
-                  row_ptrs, far, block: int) -> list:
-    """Runs of whole outer steps, at most `block` inner steps per run."""
+                  row_ptrs, far, block: int, totals: Totals) -> None:
+    """Runs of whole outer steps, at most `block` inner steps per run, each added to
+    `totals`."""
     size, count = blocks(k_outer, max(1, block // k_inner))
 
     def part(b, kk0, n):
         def ptrs(b, kk):
             return row_ptrs(b, b.add(kk, kk0))
-        return gemm.accumulate(b, t, rows, packed_ptr,
-                               b.add(panel_k, b.mul(kk0, _i64(k_inner))), n, k_inner, ptrs,
-                               far)
+        totals.add(b, gemm.accumulate(b, t, rows, packed_ptr,
+                                      b.add(panel_k, b.mul(kk0, _i64(k_inner))), n, k_inner,
+                                      ptrs, far))
 
-    totals = _loop(b, count, _zeros(t, rows), lambda b, j, totals: _add(
-        b, totals, part(b, b.mul(j, _i64(size)), size)))
+    _loop(b, count, lambda b, j: part(b, b.mul(j, _i64(size)), size))
     if k_outer > size * count:
-        totals = _add(b, totals, part(b, _i64(size * count), k_outer - size * count))
-    return totals
+        part(b, _i64(size * count), k_outer - size * count)
+
+
+class _VolatileLoad(ir.LoadInstr):
+    def descr(self, buf):
+        text = []
+        super().descr(text)
+        buf.append(text[0].replace("load ", "load volatile ", 1))
+
+
+class _VolatileStore(ir.StoreInstr):
+    def descr(self, buf):
+        text = []
+        super().descr(text)
+        buf.append(text[0].replace("store ", "store volatile ", 1))
+
+
+class Totals:
+    """A tile's running sums (rows x NV vectors) in a stack slot of the function, zeroed
+    where it is made; `add` and `load` read and write it with volatile accesses, so no
+    total is held in a register across the K loops between them (see the module
+    docstring)."""
+
+    def __init__(self, b: ir.IRBuilder, t: gemm.Tile, rows: int):
+        self.vtype, self.count = t.vtype, rows * t.nv
+        with b.goto_entry_block():
+            self.slot = b.alloca(t.vtype, size=_i64(self.count), name="sum.totals")
+        for i, zero in enumerate(_zeros(t, rows)):
+            self._store(b, zero, i)
+
+    def _ptr(self, b, i: int):
+        return b.gep(self.slot, [_i64(i)], source_etype=self.vtype, inbounds=True)
+
+    def _store(self, b, value, i: int) -> None:
+        # printed "store volatile" (llvmlite's builder has no volatile flag)
+        b.store(value, self._ptr(b, i)).__class__ = _VolatileStore
+
+    def load(self, b) -> list:
+        """The totals, as values."""
+        out = []
+        for i in range(self.count):
+            x = b.load(self._ptr(b, i), typ=self.vtype)
+            x.__class__ = _VolatileLoad  # printed "load volatile" (llvmlite has no flag)
+            out.append(x)
+        return out
+
+    def add(self, b, part: list) -> None:
+        """totals += part, vector by vector."""
+        for i, (x, y) in enumerate(zip(self.load(b), part)):
+            self._store(b, b.fadd(x, y), i)
 
 
 def _zeros(t: gemm.Tile, rows: int) -> list:
     return [ir.Constant(t.vtype, None)] * (rows * t.nv)
 
 
-def _add(b, totals: list, part: list) -> list:
-    return [b.fadd(x, y) for x, y in zip(totals, part)]
-
-
-def _loop(b, trip: int, init: list, body) -> list:
-    """gemm's counted loop carrying `init` (no loop for one trip)."""
+def _loop(b, trip: int, body) -> None:
+    """for j in range(trip): body(b, j), gemm's counted loop named "sum.block" (no loop for
+    one trip)."""
     if trip == 1:
-        return body(b, _i64(0), init)
-    return gemm._phi_loop(b, trip, init, body, name="sum.block")
+        body(b, _i64(0))
+        return
+    gemm._phi_loop(b, trip, [], lambda b, j, _: body(b, j) or [], name="sum.block")
