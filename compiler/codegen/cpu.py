@@ -206,11 +206,12 @@ class Renderer(RowKernels):
             em = self._emitter(b, without(ptrs, k.root), flat=True)
             store_element(b, ptrs[k.root], k.root.dtype, j, em.at(k.root, [j]))
 
-        counted_loop(b, start, end, element, hints=self._loop_hints(k))
+        counted_loop(b, start, end, element, hints=self._loop_hints(k, min(size, LOOP_BLOCK)))
 
-    def _loop_hints(self, k: Kernel) -> dict | None:
-        """LLVM loop metadata for a loop kernel's element loop (kernel_facts.interleave)."""
-        copies = _interleave(k)
+    def _loop_hints(self, k: Kernel, trip: int) -> dict | None:
+        """LLVM loop metadata for a loop kernel's element loop of `trip` elements
+        (kernel_facts.interleave)."""
+        copies = _interleave(k, trip, self.target.vec)
         return {"llvm.loop.interleave.count": copies} if copies else None
 
     def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int, known=None) -> None:
@@ -225,7 +226,7 @@ class Renderer(RowKernels):
             idx = head + [j] if root.shape else []
             store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
-        counted_loop(b, i64(0), i64(inner), element, hints=self._loop_hints(k))
+        counted_loop(b, i64(0), i64(inner), element, hints=self._loop_hints(k, inner))
 
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,

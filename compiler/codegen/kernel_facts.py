@@ -94,20 +94,29 @@ def extent(k: Kernel) -> tuple[int, str | None]:
 # over rows of 100 342 -> 252 / 558 -> 461; Add (memory-bound) unchanged. 16 ops with
 # tanh, sigmoid, sqrt, exp, log (benchmarks.fusion's chain), 1 / 4 / 8 copies: 3.58 /
 # 2.00 / 1.57 ms (AVX-512), 6.92 / 3.32 / 2.75 ms (AVX2); 8 copies lost 5-20% on the
-# single-op loops above (AVX2's 16 registers spill).
+# single-op loops above (AVX2's 16 registers spill). Counts are powers of two (6 and 12
+# measured 2.5x slower than 8 on AVX2: 4096-float blocks then leave remainders).
 INTERLEAVE = 4
 LONG_INTERLEAVE = 8
 LONG_CHAIN = 4
 LATENCY_OPS = frozenset(FAST_F32) | {"sqrt", "div", "reciprocal"}
+# ... and no more copies than leave MIN_MAIN_TRIPS iterations of the interleaved loop in a
+# row: the rest runs in LLVM's remainder loops. tanh(x + bias) over rows of 100, AVX-512's
+# 16 lanes: 4 copies (one 64-float iteration, 36 left over) 357 -> 441 us, 2 copies 325.
+MIN_MAIN_TRIPS = 2
 
 
-def interleave(k: Kernel) -> int | None:
+def interleave(k: Kernel, trip: int, lanes: int) -> int | None:
     """How many vectorized copies of a loop kernel's body run side by side (LLVM's
-    interleave count), or None for LLVM's own choice: see INTERLEAVE."""
+    interleave count) in its element loop of `trip` elements on vectors of `lanes`
+    floats, or None for LLVM's own choice: see INTERLEAVE."""
     slow = sum(n.op in LATENCY_OPS and n.outputs[0].dtype == "f32" for n in k.nodes)
     if not slow:
         return None
-    return LONG_INTERLEAVE if slow >= LONG_CHAIN else INTERLEAVE
+    copies = LONG_INTERLEAVE if slow >= LONG_CHAIN else INTERLEAVE
+    while copies > 1 and copies * lanes * MIN_MAIN_TRIPS > trip:
+        copies //= 2
+    return copies if copies > 1 else None
 
 
 # A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.
