@@ -30,9 +30,11 @@ every K step; a GEMM epilogue's constants (GELU's) tipped it. The MLP block of
 benchmarks.fusion (4 x 32 x 768 x 768 with a GELU and residual epilogue, its LayerNorms
 apart), one thread, CPU time, min of 15 interleaved, same process: AVX2 2.57 -> 1.51 ms,
 AVX-512 1.63 -> 1.41 ms (its 27-register tile had lost less). A volatile access is one
-the optimizer keeps (a plain one it would forward back into a register); the slot costs
-a load, an add and a store per accumulator per block, what a spill around the K loop
-costs.
+the optimizer keeps (a plain one it would forward back into a register). Per
+accumulator the slot costs a store after the first block, a load, an add and a store
+after each middle one, and a load and an add after the last (whose sum is not stored):
+what spills around the K loops cost. Winograd's two-block sums and convs, one at a
+time, one thread: within 3% of the SSA form on AVX-512 and AVX2 (loaded machine).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def blocks(k: int, block: int) -> tuple[int, int]:
 def accumulate(b: ir.IRBuilder, t: gemm.Tile, rows: int, packed_ptr, panel_k, k_outer: int,
                k_inner: int, row_ptrs, far=None, block: int | None = None) -> list:
     """gemm.accumulate's sum (same arguments) in blocks of at most `block` K steps, each
-    from zero, added into a `Totals` slot. With k_outer > 1 a block is a run of whole
+    from zero, summed in a `Totals` slot. With k_outer > 1 a block is a run of whole
     outer steps (a conv's taps) where one holds at most `block` steps, else each outer
     step's inner run is split. `block` defaults to SUM_BLOCK."""
     block = block or SUM_BLOCK
@@ -70,56 +72,82 @@ def accumulate(b: ir.IRBuilder, t: gemm.Tile, rows: int, packed_ptr, panel_k, k_
         return gemm.accumulate(b, t, rows, packed_ptr, panel_k, k_outer, k_inner, row_ptrs, far)
     totals = Totals(b, t, rows)
     if k_outer > 1 and k_inner <= block:
-        _outer_blocks(b, t, rows, packed_ptr, panel_k, k_outer, k_inner, row_ptrs, far, block,
-                      totals)
-    elif k_outer == 1:
-        _inner_blocks(b, t, rows, packed_ptr, panel_k, k_inner, row_ptrs, far, block,
-                      _i64(0), totals)
-    else:
-        def step(b, kk):
-            def ptrs(b, _):
-                return row_ptrs(b, kk)
-            start = b.add(panel_k, b.mul(kk, _i64(k_inner)))
-            _inner_blocks(b, t, rows, packed_ptr, start, k_inner, ptrs, far, block, kk,
-                          totals)
+        return _outer_blocks(b, t, rows, packed_ptr, panel_k, k_outer, k_inner, row_ptrs, far,
+                             block, totals)
+    if k_outer == 1:
+        return _inner_blocks(b, t, rows, packed_ptr, panel_k, k_inner, row_ptrs, far, block,
+                             _i64(0), totals, True, True)
 
-        _loop(b, k_outer, step)
+    def step(b, kk):
+        def ptrs(b, _):
+            return row_ptrs(b, kk)
+        start = b.add(panel_k, b.mul(kk, _i64(k_inner)))
+        first = b.icmp_unsigned("==", kk, _i64(0))
+        _inner_blocks(b, t, rows, packed_ptr, start, k_inner, ptrs, far, block, kk, totals,
+                      first, False)
+
+    _loop(b, k_outer, step)
     return totals.load(b)
 
 
 def _inner_blocks(b, t: gemm.Tile, rows: int, packed_ptr, panel_k, k: int, row_ptrs, far,
-                  block: int, kk, totals: Totals) -> None:
-    """One run of k contiguous steps (row_ptrs(b, kk) at its start) in blocks, each added
-    to `totals`."""
+                  block: int, kk, totals: Totals, first, finish: bool) -> list | None:
+    """One run of k contiguous steps (row_ptrs(b, kk) at its start) in blocks into
+    `totals` (see _blocks_into)."""
     size, count = blocks(k, block)
 
     def part(b, c0, n):
         def ptrs(b, _):
             return [b.gep(p, [c0], source_etype=gemm.F32, inbounds=True) for p in row_ptrs(b, kk)]
-        totals.add(b, gemm.accumulate(b, t, rows, packed_ptr, b.add(panel_k, c0), 1, n, ptrs,
-                                      far))
+        return gemm.accumulate(b, t, rows, packed_ptr, b.add(panel_k, c0), 1, n, ptrs, far)
 
-    _loop(b, count, lambda b, j: part(b, b.mul(j, _i64(size)), size))
-    if k > size * count:
-        part(b, _i64(size * count), k - size * count)
+    return _blocks_into(b, totals, part, size, count, k - size * count, first, finish)
 
 
 def _outer_blocks(b, t: gemm.Tile, rows: int, packed_ptr, panel_k, k_outer: int, k_inner: int,
-                  row_ptrs, far, block: int, totals: Totals) -> None:
-    """Runs of whole outer steps, at most `block` inner steps per run, each added to
+                  row_ptrs, far, block: int, totals: Totals) -> list:
+    """Runs of whole outer steps, at most `block` inner steps per run, summed in
     `totals`."""
     size, count = blocks(k_outer, max(1, block // k_inner))
 
     def part(b, kk0, n):
         def ptrs(b, kk):
             return row_ptrs(b, b.add(kk, kk0))
-        totals.add(b, gemm.accumulate(b, t, rows, packed_ptr,
-                                      b.add(panel_k, b.mul(kk0, _i64(k_inner))), n, k_inner,
-                                      ptrs, far))
+        return gemm.accumulate(b, t, rows, packed_ptr, b.add(panel_k, b.mul(kk0, _i64(k_inner))),
+                               n, k_inner, ptrs, far)
 
-    _loop(b, count, lambda b, j: part(b, b.mul(j, _i64(size)), size))
-    if k_outer > size * count:
-        part(b, _i64(size * count), k_outer - size * count)
+    return _blocks_into(b, totals, part, size, count, k_outer - size * count, True, True)
+
+
+def _blocks_into(b, totals: Totals, part, size: int, count: int, rest: int, first,
+                 finish: bool) -> list | None:
+    """`count` blocks of `size` steps (a loop), then one of `rest` (0: none), each
+    `part(b, start, steps)`, into `totals`: the first block stored where `first` (a bool,
+    or an i1 for a run that is not the first of its sum) holds, the others added; with
+    `finish`, the sum as values (the last block added to the loaded totals rather than
+    stored and read back: Winograd's sums of two 32-channel blocks spent 5% more on
+    AVX-512 with it stored)."""
+    if finish and not rest:
+        count, rest = count - 1, size
+
+    def put(b, j):
+        at_start = first if count == 1 else _both(b, first, b.icmp_unsigned("==", j, _i64(0)))
+        totals.put(b, part(b, b.mul(j, _i64(size)), size), at_start)
+
+    _loop(b, count, put)
+    if rest and finish:
+        return [b.fadd(x, y) for x, y in zip(totals.load(b),
+                                             part(b, _i64(size * count), rest))]
+    if rest:
+        totals.put(b, part(b, _i64(size * count), rest), False)
+    return totals.load(b) if finish else None
+
+
+def _both(b, x, y):
+    """x and y, each a bool or an i1."""
+    if isinstance(x, bool):
+        return y if x else False
+    return b.and_(x, y)
 
 
 class _VolatileLoad(ir.LoadInstr):
@@ -137,17 +165,14 @@ class _VolatileStore(ir.StoreInstr):
 
 
 class Totals:
-    """A tile's running sums (rows x NV vectors) in a stack slot of the function, zeroed
-    where it is made; `add` and `load` read and write it with volatile accesses, so no
-    total is held in a register across the K loops between them (see the module
-    docstring)."""
+    """A tile's running sums (rows x NV vectors) in a stack slot of the function, written
+    by `put` and read by `load` with volatile accesses, so that no total is held in a
+    register across the K loops between them (see the module docstring)."""
 
     def __init__(self, b: ir.IRBuilder, t: gemm.Tile, rows: int):
         self.vtype, self.count = t.vtype, rows * t.nv
         with b.goto_entry_block():
             self.slot = b.alloca(t.vtype, size=_i64(self.count), name="sum.totals")
-        for i, zero in enumerate(_zeros(t, rows)):
-            self._store(b, zero, i)
 
     def _ptr(self, b, i: int):
         return b.gep(self.slot, [_i64(i)], source_etype=self.vtype, inbounds=True)
@@ -165,10 +190,21 @@ class Totals:
             out.append(x)
         return out
 
-    def add(self, b, part: list) -> None:
-        """totals += part, vector by vector."""
-        for i, (x, y) in enumerate(zip(self.load(b), part)):
-            self._store(b, b.fadd(x, y), i)
+    def put(self, b, part: list, first) -> None:
+        """totals = part where `first` (a bool or an i1) holds, else totals += part."""
+        if first is True:
+            for i, x in enumerate(part):
+                self._store(b, x, i)
+            return
+        if first is False:
+            for i, (x, y) in enumerate(zip(self.load(b), part)):
+                self._store(b, b.fadd(x, y), i)
+            return
+        with b.if_else(first) as (then, otherwise):
+            with then:
+                self.put(b, part, True)
+            with otherwise:
+                self.put(b, part, False)
 
 
 def _zeros(t: gemm.Tile, rows: int) -> list:
