@@ -207,10 +207,6 @@ class Totals:
                 self.put(b, part, False)
 
 
-def _zeros(t: gemm.Tile, rows: int) -> list:
-    return [ir.Constant(t.vtype, None)] * (rows * t.nv)
-
-
 def _loop(b, trip: int, body) -> None:
     """for j in range(trip): body(b, j), gemm's counted loop named "sum.block" (no loop for
     one trip)."""
