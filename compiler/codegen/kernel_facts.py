@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.codegen.faults import code_of
-from compiler.codegen.mathlib import FAST_F32
 from compiler.codegen.lowering import is_flat
+from compiler.codegen.mathlib import FAST_F32
 from compiler.ir import Value
 from compiler.kernels import choice
 from compiler.passes.fuse import Kernel
@@ -91,11 +91,11 @@ def extent(k: Kernel) -> tuple[int, str | None]:
 # 8 for LONG_CHAIN or more. 2^20 floats, one thread, CPU time, min of 15 interleaved, on
 # Zen 4 (AVX-512 host / AVX2 znver3 build), copies 1 -> 4: exp 266 -> 248 / 562 -> 397
 # us; x * sigmoid(x) 445 -> 340 / 860 -> 610; GELU (erf) 424 -> 381 / 697 -> 614; tanh
-# over rows of 100 342 -> 252 / 558 -> 461; Add (memory-bound) unchanged. 16 ops with
+# of 8192 x 100 342 -> 252 / 558 -> 461; Add (memory-bound) unchanged. 16 ops with
 # tanh, sigmoid, sqrt, exp, log (benchmarks.fusion's chain), 1 / 4 / 8 copies: 3.58 /
 # 2.00 / 1.57 ms (AVX-512), 6.92 / 3.32 / 2.75 ms (AVX2); 8 copies lost 5-20% on the
 # single-op loops above (AVX2's 16 registers spill). Counts are powers of two (6 and 12
-# measured 2.5x slower than 8 on AVX2: 4096-float blocks then leave remainders).
+# copies measured 2.5x slower than 8 on the chain, AVX2).
 INTERLEAVE = 4
 LONG_INTERLEAVE = 8
 LONG_CHAIN = 4
