@@ -28,8 +28,9 @@ register allocator kept one or two totals in registers across some of them and s
 accumulators inside the loop instead, a store-to-load round trip on an FMA chain at
 every K step; a GEMM epilogue's constants (GELU's) tipped it. The MLP block of
 benchmarks.fusion (4 x 32 x 768 x 768 with a GELU and residual epilogue, its LayerNorms
-apart), one thread, CPU time, min of 15 interleaved, same process: AVX2 2.57 -> 1.51 ms,
-AVX-512 1.63 -> 1.41 ms (its 27-register tile had lost less). A volatile access is one
+apart), one thread, CPU time, min of 15 interleaved, over several runs on a loaded
+machine: AVX2 1.92-2.57 -> 1.46-1.51 ms, AVX-512 1.40-1.63 -> 1.41 ms (its 27-register
+tile lost less), AVX2 / AVX-512 1.33-1.58x -> 1.04-1.07x. A volatile access is one
 the optimizer keeps (a plain one it would forward back into a register). Per
 accumulator the slot costs a store after the first block, a load, an add and a store
 after each middle one, and a load and an add after the last (whose sum is not stored):

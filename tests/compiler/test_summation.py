@@ -157,7 +157,7 @@ def test_totals_stay_in_memory_across_k_loops(spec):
     """The running totals are a stack slot read and written with volatile accesses, so the
     K loops between them hold only the tile: no spill in any of them on AVX2's 16
     registers with GELU's epilogue constants beside them (as SSA values, LLVM unrolled
-    the 6 blocks of K = 768 and spilled accumulators inside some of their K loops: 1.58x
+    the 6 blocks of K = 768 and spilled accumulators inside some of their K loops: 1.3-1.6x
     AVX-512's time on benchmarks.fusion's MLP block). The result matches float64."""
     from compiler import target as targets
     from compiler.codegen import asm, llvm_cpu
