@@ -20,6 +20,7 @@ tensors and the intermediates (slots: codegen/memory.py; runtime/cpu.py fills it
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 from llvmlite import ir
@@ -33,6 +34,7 @@ from compiler.codegen.faults import FAULTS, FaultWord
 from compiler.codegen.kernel_facts import CODE_SIZE as _CODE_SIZE
 from compiler.codegen.kernel_facts import ITEMS, LOOP_BLOCK, PACKED, TEAM, by_columns
 from compiler.codegen.kernel_facts import extent as _extent
+from compiler.codegen.kernel_facts import interleave as _interleave
 from compiler.codegen.kernel_facts import may_fault as _may_fault
 from compiler.codegen.kernel_facts import signature as _signature
 from compiler.codegen.kernel_facts import transposed_last as _transposed_last
@@ -50,6 +52,7 @@ from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
 PTR = ir.PointerType()
+_LOOP_ID = re.compile(r"!llvm\.loop !\d+")
 # Render twins anyway and check that they are twins (tests/conftest.py sets it).
 VERIFY_TWINS = os.environ.get("BRAZE_VERIFY_TWINS") == "1"
 
@@ -100,7 +103,8 @@ class Renderer(RowKernels):
         name = f"k{self._count}"
         self._count += 1
         fn, outer, mode = self._nest(self.module, name, k)
-        text = str(fn).replace(f'@"{name}"', "@k", 1)
+        # a loop's metadata node is its own (lowering.LoopID): its number is no difference
+        text = _LOOP_ID.sub("!llvm.loop", str(fn).replace(f'@"{name}"', "@k", 1))
         same = self._unique.get(text)
         if twin is not None and (same is None or same[0] is not twin[0]):
             raise AssertionError(f"kernel %{k.root.name} has a twin's signature but not "
@@ -202,7 +206,13 @@ class Renderer(RowKernels):
             em = self._emitter(b, without(ptrs, k.root), flat=True)
             store_element(b, ptrs[k.root], k.root.dtype, j, em.at(k.root, [j]))
 
-        counted_loop(b, start, end, element)
+        counted_loop(b, start, end, element, hints=self._loop_hints(k, min(size, LOOP_BLOCK)))
+
+    def _loop_hints(self, k: Kernel, trip: int) -> dict | None:
+        """LLVM loop metadata for a loop kernel's element loop of `trip` elements
+        (kernel_facts.interleave)."""
+        copies = _interleave(k, trip, self.target.vec)
+        return {"llvm.loop.interleave.count": copies} if copies else None
 
     def _row_of_loop(self, b, ptrs, k: Kernel, o, inner: int, known=None) -> None:
         """Row o of a loop kernel's root; `known` maps values to constant registers (an
@@ -216,7 +226,7 @@ class Renderer(RowKernels):
             idx = head + [j] if root.shape else []
             store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
-        counted_loop(b, i64(0), i64(inner), element)
+        counted_loop(b, i64(0), i64(inner), element, hints=self._loop_hints(k, inner))
 
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,

@@ -10,7 +10,7 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen.emitter import i64, scalar_constant
-from compiler.codegen.ops_llvm import I64, binary_float, binary_int, llvm_type, storage_type
+from compiler.codegen.ops_llvm import I32, I64, binary_float, binary_int, llvm_type, storage_type
 from compiler.ir import Value
 from compiler.ops import Family
 
@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # fuse imports the kernel choice, whose kernels import these 
     from compiler.passes.fuse import Kernel
 
 
-def counted_loop(b: ir.IRBuilder, lo, hi, body, step=None) -> None:
+def counted_loop(b: ir.IRBuilder, lo, hi, body, step=None, hints=None) -> None:
     """for (i = lo; i < hi; i += step) body(b, i), step 1 by default (cuda.py strides by
-    the grid's size)"""
+    the grid's size); `hints`, LLVM loop metadata ({"llvm.loop.interleave.count": 4})."""
     pre = b.block
     cond = b.append_basic_block("loop.cond")
     blk = b.append_basic_block("loop.body")
@@ -33,8 +33,27 @@ def counted_loop(b: ir.IRBuilder, lo, hi, body, step=None) -> None:
     b.position_at_end(blk)
     body(b, i)
     i.add_incoming(b.add(i, i64(1) if step is None else step, flags=["nsw"]), b.block)
-    b.branch(cond)
+    latch = b.branch(cond)
+    if hints:
+        latch.set_metadata("llvm.loop", LoopID(b.module, hints))
     b.position_at_end(done)
+
+
+class LoopID(ir.values.MDValue):
+    """A loop's `llvm.loop` metadata node: itself first (LLVM parses a node that names
+    itself as distinct, one per loop; llvmlite makes no distinct plain node), then one
+    {name, i32 value} node per hint. Compared and hashed by identity (its operands hold
+    itself)."""
+
+    def __init__(self, module: ir.Module, hints: dict[str, int]):
+        ops = [module.add_metadata([ir.MetaDataString(module, name), ir.Constant(I32, v)])
+               for name, v in hints.items()]
+        super().__init__(module, [], name=str(len(module.metadata)))
+        self.operands = (self, *ops)
+
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
 
 
 def mul_add(b: ir.IRBuilder, dtype: str, acc, x, y):
