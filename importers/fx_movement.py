@@ -270,3 +270,26 @@ def _index(cx: Ctx, x, indices):
     if idx.dtype not in ("i32", "i64"):
         raise Fallback(f"{idx.dtype} index (a mask gives a data-dependent shape)")
     return cx.op("gather", x, idx, axis=d)
+
+
+@converts(aten.gather.default)
+def _gather(cx: Ctx, x, dim, index, sparse_grad=False):
+    """take_along_axis as one flat gather (importers/scans.py)."""
+    from importers.scans import take_along_axis_ir
+
+    if x.type.rank == 0 or not x.type.static or not index.type.static:
+        raise Fallback("torch.gather of a 0-d or dynamic tensor")
+    return take_along_axis_ir(cx, x, index, norm_dim(dim, x.type.rank), negative=False)
+
+
+@converts(aten.cumsum.default)
+def _cumsum(cx: Ctx, x, dim, dtype=None):
+    """Prefix sums by a log-step scan (importers/scans.py), in the result's dtype."""
+    from importers.scans import cumsum_ir
+
+    out = cx.out()
+    if not x.type.static or out.dtype == "bool":
+        raise Fallback("cumsum of a dynamic or bool tensor")
+    if x.type.rank == 0:
+        return cx.cast(x, out.dtype)
+    return cumsum_ir(cx, cx.cast(x, out.dtype), norm_dim(dim, x.type.rank))

@@ -266,3 +266,36 @@ def convert_space_to_depth(cx: NodeContext):
     perm = (0, 1, 3, 5, 2, 4) if cx.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
     y = cx.transpose(cx.reshape(x, (n, c, h // b, b, w // b, b)), perm)
     return [cx.reshape(y, (n, c * b * b, h // b, w // b))]
+
+
+@converter("GatherElements", 11)
+def convert_gather_elements(cx: NodeContext):
+    """take_along_axis as one flat gather (importers/scans.py)."""
+    from importers.scans import take_along_axis_ir
+
+    data, idx = cx.inputs
+    if not data.type.static or not idx.type.static:
+        raise Fallback("GatherElements needs static shapes")
+    if data.type.rank != idx.type.rank or data.type.rank == 0:
+        raise InvalidModelError(f"{cx.describe}: indices of rank {idx.type.rank} for data "
+                                f"of rank {data.type.rank}")
+    axis = cx.axis(cx.attr("axis", 0), data.type.rank)
+    if any(i > d for a, (i, d) in enumerate(zip(idx.shape, data.shape)) if a != axis):
+        raise InvalidModelError(f"{cx.describe}: indices {idx.shape} exceed data {data.shape}")
+    return [take_along_axis_ir(cx, data, idx, axis, negative=True)]
+
+
+@converter("CumSum", 11)
+def convert_cumsum(cx: NodeContext):
+    """Prefix sums by Hillis and Steele's log-step scan (importers/scans.py)."""
+    from importers.scans import cumsum_ir
+
+    x = cx.x
+    axis = cx.ints_input(1, "axis")
+    if axis is None or len(axis) != 1:
+        raise InvalidModelError(f"{cx.describe}: axis must be one integer")
+    if not x.type.static or x.dtype == "bool":
+        raise Fallback(f"CumSum over {x.type}")
+    return [cumsum_ir(cx, x, cx.axis(axis[0], x.type.rank),
+                      exclusive=bool(cx.attr("exclusive", 0)),
+                      reverse=bool(cx.attr("reverse", 0)))]
