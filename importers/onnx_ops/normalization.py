@@ -11,6 +11,7 @@ GroupNormalization normalize with mean and biased variance over their axes:
 
 from __future__ import annotations
 
+from compiler.errors import InvalidModelError
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 
@@ -108,7 +109,9 @@ def convert_lrn(cx: NodeContext):
     x = cx.x
     if x.dtype not in ("f32", "f64") or x.type.rank < 3 or x.shape[1] is None:
         raise Fallback(f"LRN over {x.type}")
-    size = int(cx.attr("size"))
+    size = int(cx.attr("size", 0))
+    if size < 1:
+        raise InvalidModelError(f"{cx.describe}: LRN size {size}")
     alpha, beta = float(cx.attr("alpha", 1e-4)), float(cx.attr("beta", 0.75))
     bias = float(cx.attr("bias", 1.0))
     channels = x.shape[1]
@@ -126,6 +129,4 @@ def convert_lrn(cx: NodeContext):
         total = part if total is None else cx.op("add", total, part)
     scaled = cx.op("add", cx.op("mul", total, cx.scalar(alpha / size, x.dtype)),
                    cx.scalar(bias, x.dtype))
-    if channels == 0:
-        return [x]
     return [cx.op("div", x, cx.op("pow", scaled, cx.scalar(beta, x.dtype)))]

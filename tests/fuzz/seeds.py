@@ -113,7 +113,32 @@ def reduce(rng) -> onnx.ModelProto:
                   inits)
 
 
-SEEDS = {f.__name__: f for f in (cnn, mlp, embed, integer, movement, norm, reduce)}
+def decoder(rng) -> onnx.ModelProto:
+    """Upsampling and volumes: ConvTranspose, Resize, LRN, a 3-d conv and pool, CumSum,
+    GatherElements (each lowered onto other IR ops)."""
+    nodes = [helper.make_node("ConvTranspose", ["x", "wt"], ["u"], strides=[2, 2],
+                              name="up"),
+             helper.make_node("Resize", ["u", "", "scales"], ["r"], mode="linear",
+                              name="resize"),
+             helper.make_node("LRN", ["r"], ["n"], size=3, name="lrn"),
+             helper.make_node("Unsqueeze", ["n", "ax0"], ["v"], name="vol"),
+             helper.make_node("Conv", ["v", "w3"], ["c"], kernel_shape=[2, 3, 3],
+                              pads=[0, 1, 1, 0, 1, 1], name="conv3d"),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[1, 2, 2],
+                              strides=[1, 2, 2], name="pool3d"),
+             helper.make_node("Squeeze", ["p", "ax2"], ["q"], name="flat"),
+             helper.make_node("CumSum", ["q", "ax1"], ["s"], name="cumsum"),
+             helper.make_node("GatherElements", ["s", "gi"], ["y"], axis=3, name="pick")]
+    inits = [("wt", _f32(rng, 2, 3, 2, 2)), ("scales", np.array([1, 1, 1.5, 1.5], np.float32)),
+             ("ax0", np.array([1], np.int64)), ("w3", _f32(rng, 1, 1, 2, 3, 3)),
+             ("ax2", np.array([1], np.int64)), ("ax1", np.array([1], np.int64)),
+             ("gi", rng.integers(0, 6, (1, 2, 6, 2)).astype(np.int64))]
+    return _model("decoder", nodes, [_io("x", T.FLOAT, [1, 2, 4, 4])],
+                  [_io("y", T.FLOAT, [1, 2, 6, 2])], inits)
+
+
+SEEDS = {f.__name__: f for f in (cnn, mlp, embed, integer, movement, norm, reduce,
+                                 decoder)}
 
 
 def seed_models(seed: int = 0) -> dict[str, onnx.ModelProto]:
