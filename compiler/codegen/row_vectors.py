@@ -45,10 +45,10 @@ def refusal(v: Value, buffers: dict) -> str | None:
 
 
 def _refusal_at(u: Value, buffers: dict, check) -> str | None:
-    if not u.shape or u.shape[-1] == 1:
-        return None  # one element per row: the plain emitter's, splat
     if u.dtype != "f32":
         return f"%{u.name} is {u.dtype}"
+    if not u.shape or u.shape[-1] == 1:
+        return None  # one element per row: the plain emitter's, splat
     if u in buffers:
         return None
     p = u.producer
@@ -64,7 +64,7 @@ def _refusal_at(u: Value, buffers: dict, check) -> str | None:
         return "a reshape splits the lanes across rows of its input"
     if p.op == "slice" and p.attrs["steps"][-1] != 1:
         return "a strided slice of the last axis"
-    if p.op == "gather" and p.attrs["axis"] >= len(x.shape) - 1:
+    if p.op == "gather" and p.attrs["axis"] % len(x.shape) == len(x.shape) - 1:
         return "a gather on the last axis"
     if p.op == "broadcast" and x.shape and x.shape[-1] not in (1, u.shape[-1]):
         return "a broadcast of the last axis"

@@ -271,6 +271,12 @@ graph t(%x: f32[2,8,4]) -> (%y) {
 }
 """)
     assert "last axis" in row_vectors.refusal(moved.outputs[0], {moved.inputs[0]: None})
+    strided = parse_graph("""
+graph s(%x: f32[2,8]) -> (%y) {
+  %y = slice(%x) {starts=[0, 0], sizes=[2, 4], steps=[1, 2]} : f32[2,4]
+}
+""")
+    assert "strided" in row_vectors.refusal(strided.outputs[0], {strided.inputs[0]: None})
 
 
 @pytest.mark.parametrize("t,d", [(49, 32), (20, 24)])
