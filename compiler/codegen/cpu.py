@@ -26,7 +26,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler import dtypes
-from compiler.codegen import llvm_cpu, mathlib, parallel
+from compiler.codegen import llvm_cpu, mathlib, parallel, row_vectors
 from compiler.codegen.cpu_rows import RowKernels
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
@@ -305,7 +305,9 @@ class Renderer(RowKernels):
 
     def _attention(self, b, ptrs, k: Kernel, lo, hi) -> None:
         """Fused attention's items (kernels/attention.py): q, k, v and the mask read
-        through the emitter (movement ops in front of them are index arithmetic)."""
+        through the emitter (movement ops in front of them are index arithmetic); q, v
+        and the mask also a vector at a time where their rows are contiguous
+        (row_vectors.py)."""
         node = k.contraction
         shape = choice.shape(node, k.impl)
         bufs = {v: p for v, p in ptrs.items() if v is not k.root}
@@ -318,8 +320,19 @@ class Renderer(RowKernels):
                                                                      scores))
             return read
 
+        def vector_reader(v):
+            read = row_vectors.reader(v, bufs, shape.tile.vtype)
+            if read is None:
+                return None
+            return lambda b, entry, i, j: read(b, broadcast_index(
+                delinearize(b, entry, shape.batch) + [i, j], v.shape, scores))
+
         names = ["q", "k", "v", "mask"][:len(node.inputs)]
         reads = {name: reader(v) for name, v in zip(names, node.inputs)}
+        for name, v in zip(names, node.inputs):
+            vector = vector_reader(v) if name != "k" else None  # K is packed transposed
+            if vector is not None:  # read(b, entry, i, j): lanes j, j + 1, ... of row i
+                reads[name + "_vector"] = vector
         pack, last = attention.scratch(b, shape)
         counted_loop(b, lo, hi, lambda b, o: attention.emit_item(
             b, shape, o, pack, last, reads, ptrs[k.root]))

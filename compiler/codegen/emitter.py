@@ -97,6 +97,11 @@ class ElementEmitter:
             self.memo[key] = self._emit(v, idx)
         return self.memo[key]
 
+    def index_at(self, v: Value, idx: list):
+        """An element used as an index (a gather's): one scalar, whatever the emitter's
+        values are (row_vectors.VectorEmitter's are vectors)."""
+        return self.at(v, idx)
+
     # -- leaves -------------------------------------------------------------
 
     def load(self, v: Value, idx: list, base=None):
@@ -216,7 +221,7 @@ class ElementEmitter:
         data, indices = n.inputs
         axis = n.attrs["axis"]
         r = len(indices.shape)
-        j = self.at(indices, idx[axis:axis + r])
+        j = self.index_at(indices, idx[axis:axis + r])
         j = self.b.sext(j, I64) if j.type.width < 64 else j
         size = i64(data.shape[axis])
         j = self.b.select(self.b.icmp_signed("<", j, i64(0)), self.b.add(j, size), j)

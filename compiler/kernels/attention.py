@@ -31,7 +31,18 @@ short (P V's steps) as its keys. Per item the working set is the block's rows, o
 score row and the entry's packs: S * (D + Dv) floats, 1 MiB at S = 2048, D = Dv = 64
 (L2). Causal blocks stop at the tile holding their last query's diagonal.
 
-Measured (one thread, CPU time, min of 20, 12 heads of 64, load ~5 from other work):
+Up to WHOLE_ROW_MAX_KEYS keys, not causal, the softmax takes two passes instead
+(`AttentionShape.whole_rows`): every key tile's scores go to the block's score rows,
+each row's max, exp and sum run once, and P V is one product over all S keys whose
+accumulators are stored times 1/l. The same sums in real arithmetic, without the online
+form's per-tile max, alpha and output rescaling. The query rows, V and the mask are
+read a vector at a time where codegen gives `q_vector`, `v_vector`, `mask_vector`
+(compiler/codegen/row_vectors.py). Interleaved in one process, 1 thread, min of 40
+(load ~3): Swin's 64 windows x 3 heads of 49 x 32 with its mask 1.78 -> 1.16 ms, 24
+heads 0.162 -> 0.124, ViT's 12 x 197 x 64 1.56 -> 1.32, BERT's 12 x 128 x 64 0.67 ->
+0.57.
+
+Measured before that (one thread, CPU time, min of 20, 12 heads of 64, load ~5):
 ViT's 197 keys 2.43 -> 1.53 ms (onnxruntime 1.31), BERT's 128 keys with a padding mask
 0.88 -> 0.68 ms (0.60), Swin's 49 0.185 -> 0.139 ms (0.120).
 """
@@ -57,6 +68,14 @@ MAX_DV = 128
 # same registers); two groups of 6 have none, at the same speed. 16-register targets'
 # tiles (6 rows) run whole.
 PV_MAX_ROWS = 8
+# Keys at most for the two-pass softmax (`AttentionShape.whole_rows`): a block's scores
+# against every key go to a stack scratch (12 rows of 256 floats: 12 KiB, in L1 beside
+# the query block), then each row's max, exp and sum run once and P V over all keys is
+# one product, stored times 1/l. The online softmax's per-tile work (a max and alpha's
+# exp per row, the output rows' rescaling loads and stores, the final divide) goes away:
+# Swin's 49 keys (two tiles of 32) ran 1.3-1.5x faster. Past it the online softmax keeps
+# the working set bounded.
+WHOLE_ROW_MAX_KEYS = 256
 
 
 def _i64(n: int) -> ir.Constant:
@@ -100,6 +119,18 @@ class AttentionShape:
     @property
     def items(self) -> int:
         return self.entries * self.row_blocks
+
+    @property
+    def whole_rows(self) -> bool:
+        """Whether a block's scores are all kept (two-pass softmax, WHOLE_ROW_MAX_KEYS);
+        causal blocks stay online (they skip the tiles past their diagonal)."""
+        return not self.causal and self.s <= WHOLE_ROW_MAX_KEYS
+
+    @property
+    def score_floats(self) -> int:
+        """Floats of one score row in a block's scratch: every key tile when whole_rows,
+        else one tile."""
+        return self.tiles * self.tile.nr if self.whole_rows else self.tile.nr
 
     @property
     def k_floats(self) -> int:
@@ -147,7 +178,9 @@ def refusal(node) -> str | None:
 def emit_item(b: ir.IRBuilder, shape: AttentionShape, item, pack, last, reads, out_ptr) -> None:
     """Work item `item`: query block (item % row_blocks) of batch entry
     (item / row_blocks). `reads` maps "q", "k", "v" (and "mask" if any) to
-    `read(b, entry, i, j) -> float` (mask: query i, key j); out_ptr: O[entries, T, Dv]."""
+    `read(b, entry, i, j) -> float` (mask: query i, key j), and may map "q_vector",
+    "v_vector" and "mask_vector" to `read(b, entry, i, j) -> vector` (the tile's vector
+    of elements j, j + 1, ... of row i, all inside the row); out_ptr: O[entries, T, Dv]."""
     blocks = shape.row_blocks
     entry, rb = b.udiv(item, _i64(blocks)), b.urem(item, _i64(blocks))
     vpack = b.gep(pack, [_i64(shape.k_floats)], source_etype=F32, inbounds=True)
@@ -156,7 +189,7 @@ def emit_item(b: ir.IRBuilder, shape: AttentionShape, item, pack, last, reads, o
         # K^T[d, key] = K[key, d]: panels of NR keys, D rows each
         batched.pack_panels(b, shape.tile.nr, shape.d, shape.s, entry, pack,
                             lambda b, e, kk, key: reads["k"](b, e, key, kk), True)
-        _pack_values(b, shape, entry, vpack, reads["v"])
+        _pack_values(b, shape, entry, vpack, reads["v"], reads.get("v_vector"))
         b.store(entry, last)
     mr = gemm.tile_rows(shape.t, shape.tile.mr)
     local0 = b.mul(rb, _i64(mr))
@@ -173,18 +206,43 @@ def emit_item(b: ir.IRBuilder, shape: AttentionShape, item, pack, last, reads, o
             block(b, mr)
 
 
-def _pack_values(b: ir.IRBuilder, shape: AttentionShape, entry, vpack, read_v) -> None:
+def _pack_values(b: ir.IRBuilder, shape: AttentionShape, entry, vpack, read_v,
+                 read_vector) -> None:
     """V[entry] as gemm.py's panels: dv_panels panels of NR columns, each tiles * NR key
     rows (the padding, past Dv and past S, stays zero)."""
     nr, rows = shape.tile.nr, shape.tiles * shape.tile.nr
 
-    def put(b, key, c):
+    def at(b, key, c):
         panel, col = b.udiv(c, _i64(nr)), b.urem(c, _i64(nr))
         off = b.add(b.mul(b.add(b.mul(panel, _i64(rows)), key), _i64(nr)), col)
-        b.store(read_v(b, entry, key, c), b.gep(vpack, [off], source_etype=F32, inbounds=True))
+        return b.gep(vpack, [off], source_etype=F32, inbounds=True)
 
-    _for(b, shape.s, lambda b, key: _for(
-        b, shape.dv, lambda b, c: put(b, key, c)))
+    _for(b, shape.s, lambda b, key: _copy_row(
+        b, shape.tile, shape.dv, lambda b, c: read_v(b, entry, key, c),
+        None if read_vector is None else lambda b, c: read_vector(b, entry, key, c),
+        lambda b, c: at(b, key, c)))
+
+
+def _copy_row(b, t: Tile, n: int, read, read_vector, at, scale=None) -> None:
+    """dst[c] = src[c] (times `scale`) for c < n: whole vectors of `t` through
+    `read_vector(b, c)` where given (the vector of src[c:c + vec]), the rest one element
+    at a time through `read(b, c)`; `at(b, c)` points at dst[c] (a vector's lanes are
+    consecutive there: vec divides the packs' panel width)."""
+    whole = n // t.vec if read_vector is not None else 0
+    if whole:
+        def copy(b, v):
+            c = b.mul(v, _i64(t.vec))
+            x = read_vector(b, c)
+            x = x if scale is None else b.fmul(x, gemm.splat_constant(b, scale, t.vtype))
+            _store_vec(b, x, at(b, c))
+        _for(b, whole, copy)
+    rest = n - whole * t.vec
+    if rest:
+        def one(b, i):
+            c = b.add(i, _i64(whole * t.vec))
+            x = read(b, c)
+            b.store(x if scale is None else b.fmul(x, ir.Constant(F32, scale)), at(b, c))
+        _for(b, rest, one)
 
 
 class _Block:
@@ -199,8 +257,8 @@ class _Block:
         with b.goto_entry_block():
             self.q, self.scores, self.o, self.m, self.l, self.alpha = (
                 b.alloca(F32, size=_i64(n)) for n in (
-                    t.mr * shape.d, t.mr * t.nr, t.mr * self.width, t.mr, t.mr * t.vec,
-                    t.mr))
+                    t.mr * shape.d, t.mr * shape.score_floats, t.mr * self.width, t.mr,
+                    t.mr * t.vec, t.mr))
 
     def _at(self, base, off):
         return self.b.gep(base, [off], source_etype=F32, inbounds=True)
@@ -211,6 +269,9 @@ class _Block:
         and as short (P V) as its keys: ViT's 197 keys fill 6 tiles of 32 and 5 keys of
         a seventh, 12% of the work if the seventh ran whole."""
         b, shape, nr = self.b, self.shape, self.t.nr
+        if shape.whole_rows:
+            self._run_whole()
+            return
         self._start()
         full, partial = divmod(shape.s, nr)
         hi = _i64(shape.tiles)
@@ -226,17 +287,101 @@ class _Block:
                 self._tile(b, _i64(full), partial)
         counted_loop(b, _i64(0), _i64(self.rows), self._finish)
 
+    def _run_whole(self) -> None:
+        """The two-pass softmax (`AttentionShape.whole_rows`): every key tile's scores
+        into the score rows, each row's softmax once (P, and 1/l kept per row), then
+        P V over all keys per V panel, stored times 1/l."""
+        b, shape, nr = self.b, self.shape, self.t.nr
+        counted_loop(b, _i64(0), _i64(self.rows), self._copy_query)
+        full, partial = divmod(shape.s, nr)
+        if full:
+            counted_loop(b, _i64(0), _i64(full), lambda b, tile: self._score_tile(b, tile, nr))
+        if partial:
+            self._score_tile(b, _i64(full), partial)
+        counted_loop(b, _i64(0), _i64(self.rows), self._normalize_row)
+        groups = -(-self.rows // PV_MAX_ROWS)
+        size = -(-self.rows // groups)
+        for panel in range(shape.dv_panels):
+            for r0 in range(0, self.rows, size):
+                self._pv_whole(b, panel, range(r0, min(self.rows, r0 + size)))
+
+    def _score_tile(self, b, tile, keys: int) -> None:
+        """Key tile `tile` (its first `keys` keys valid): the block's scores (+ mask, -inf
+        past the keys) into the score rows at the tile's keys."""
+        d, t, row = self.shape.d, self.t, self.shape.score_floats
+        narrow = dataclasses.replace(t, nv=-(-keys // t.vec))
+        qrows = [self._at(self.q, _i64(r * d)) for r in range(self.rows)]
+        accs = gemm.accumulate(b, narrow, self.rows, self.kpack, b.mul(tile, _i64(d)), 1, d,
+                               lambda b, kk: qrows, row_floats=t.nr)
+        key0 = b.mul(tile, _i64(t.nr))
+        for r in range(self.rows):
+            xs = self._scores(b, r, accs[r * narrow.nv:(r + 1) * narrow.nv], key0, keys)
+            for v, x in enumerate(xs):
+                _store_vec(b, x, self._at(self.scores, b.add(key0, _i64(r * row + v * t.vec))))
+
+    def _normalize_row(self, b, r) -> None:
+        """Score row r -> P = exp(s - max s) in place, and 1/l (l = sum P) into alpha[r]
+        (l = 0, every key masked: NaN, or 0 with empty_rows_zero, as _finish)."""
+        t, shape = self.t, self.shape
+        base = b.mul(r, _i64(shape.score_floats))
+        ptrs = [b.bitcast(self._at(self.scores, b.add(base, _i64(v * t.vec))),
+                          t.vtype.as_pointer()) for v in range(-(-shape.s // t.vec))]
+        xs = [b.load(p, typ=t.vtype, align=4) for p in ptrs]
+        m = _reduce(b, xs, "max")
+        m = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, -np.inf)),
+                     ir.Constant(F32, 0.0), m)
+        shift = gemm.splat(b, m, t.vtype)
+        ps = [_exp_or_zero(b, b.fsub(x, shift)) for x in xs]
+        for p, ptr in zip(ps, ptrs):
+            b.store(p, ptr, align=4)
+        total = _reduce(b, ps, "add")
+        inv = b.fdiv(ir.Constant(F32, 1.0), total)
+        if shape.empty_rows_zero:
+            empty = b.fcmp_ordered("==", total, ir.Constant(F32, 0.0))
+            inv = b.select(empty, ir.Constant(F32, 0.0), inv)
+        b.store(inv, self._at(self.alpha, r))
+
+    def _pv_whole(self, b, panel: int, rows: range) -> None:
+        """O[rows, panel's columns] = (P V) / l: the micro-kernel over all S keys, its
+        accumulators scaled and stored (lanes past Dv left out)."""
+        t, shape = self.t, self.shape
+        prows = [self._at(self.scores, _i64(r * shape.score_floats)) for r in rows]
+        accs = gemm.accumulate(b, t, len(prows), self.vpack,
+                               _i64(panel * shape.tiles * t.nr), 1, shape.s,
+                               lambda b, kk: prows)
+        for i, r in enumerate(rows):
+            inv = gemm.splat(b, b.load(self._at(self.alpha, _i64(r)), typ=F32), t.vtype)
+            row = b.add(b.mul(self.entry, _i64(shape.t)), b.add(self.local0, _i64(r)))
+            base = b.mul(row, _i64(shape.dv))
+            for v in range(t.nv):
+                col = panel * t.nr + v * t.vec
+                lanes = min(max(shape.dv - col, 0), t.vec)
+                x = b.fmul(accs[i * t.nv + v], inv)
+                off = b.add(base, _i64(col))
+                if lanes == t.vec:
+                    _store_vec(b, x, self._at(self.out_ptr, off))
+                for lane in range(lanes if lanes < t.vec else 0):
+                    b.store(b.extract_element(x, ir.Constant(I32, lane)),
+                            self._at(self.out_ptr, b.add(off, _i64(lane))))
+
+    def _copy_query(self, b, r) -> None:
+        """Query row r times the scale into the block's scratch (the scores then need no
+        multiply)."""
+        d, e = self.shape.d, self.entry
+        t = b.add(self.local0, r)
+        vector = self.reads.get("q_vector")
+        _copy_row(b, self.t, d, lambda b, c: self.reads["q"](b, e, t, c),
+                  None if vector is None else lambda b, c: vector(b, e, t, c),
+                  lambda b, c: self._at(self.q, b.add(b.mul(r, _i64(d)), c)),
+                  scale=self.shape.scale)
+
     def _start(self) -> None:
         """Copy the query rows times the scale (the scores then need no multiply); m =
         -inf, l = 0, o = 0."""
-        b, d, vt = self.b, self.shape.d, self.t.vtype
-        scale = ir.Constant(F32, self.shape.scale)
+        b, vt = self.b, self.t.vtype
 
         def copy(b, r):
-            t = b.add(self.local0, r)
-            _for(b, d, lambda b, c: b.store(
-                b.fmul(self.reads["q"](b, self.entry, t, c), scale),
-                self._at(self.q, b.add(b.mul(r, _i64(d)), c))))
+            self._copy_query(b, r)
             b.store(ir.Constant(F32, -np.inf), self._at(self.m, r))
             _store_vec(b, ir.Constant(vt, None), self._at(self.l, b.mul(r, _i64(self.t.vec))))
             for v in range(self.width // self.t.vec):
@@ -271,7 +416,7 @@ class _Block:
         out = []
         for v, x in enumerate(accs):
             if "mask" in self.reads:
-                x = b.fadd(x, self._mask_vector(b, q_index, key0, v))
+                x = b.fadd(x, self._mask_vector(b, q_index, key0, v, keys))
             lanes = ir.Constant(vi, [v * t.vec + j for j in range(t.vec)])
             valid = None
             if keys < (v + 1) * t.vec:  # lanes past the tile's keys
@@ -283,15 +428,18 @@ class _Block:
             out.append(x if valid is None else b.select(valid, x, ninf))
         return out
 
-    def _mask_vector(self, b, q_index, key0, v: int):
-        """mask[q, key] for the lanes of score vector v (keys past S read the last key's:
-        those lanes are -inf anyway)."""
-        t, last = self.t, _i64(self.shape.s - 1)
-        x = ir.Constant(t.vtype, ir.Undefined)
-        for j in range(t.vec):
-            key = b.add(key0, _i64(v * t.vec + j))
-            safe = b.select(b.icmp_unsigned("<", key, _i64(self.shape.s)), key, last)
-            x = b.insert_element(x, self.reads["mask"](b, self.entry, q_index, safe),
+    def _mask_vector(self, b, q_index, key0, v: int, keys: int):
+        """mask[q, key] for the lanes of score vector v: one vector read where every lane
+        is one of the tile's `keys` keys and the kernel has `mask_vector`, else lane by
+        lane (lanes past the keys are left 0: the scores there become -inf)."""
+        t = self.t
+        key = b.add(key0, _i64(v * t.vec))
+        if "mask_vector" in self.reads and (v + 1) * t.vec <= keys:
+            return self.reads["mask_vector"](b, self.entry, q_index, key)
+        x = ir.Constant(t.vtype, None)
+        for j in range(min(t.vec, keys - v * t.vec)):
+            x = b.insert_element(x, self.reads["mask"](b, self.entry, q_index,
+                                                       b.add(key, _i64(j))),
                                  ir.Constant(I32, j))
         return x
 

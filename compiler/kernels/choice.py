@@ -29,7 +29,7 @@ from compiler.kernels import attention, batched, conv, gemm, grouped, recurrent,
 
 GEMM = "gemm"  # packed register-blocked GEMM (gemm.py)
 BATCHED = "batched_gemm"  # run-time operands, B packed per call and thread (batched.py)
-ATTENTION = "attention"  # fused attention, online softmax over key tiles (attention.py)
+ATTENTION = "attention"  # fused attention, one query block at a time (attention.py)
 RECURRENCE = "recurrence"  # an LSTM/GRU/RNN time loop in one kernel (recurrent.py)
 ROW_MATMUL = "row_matmul"  # one output row per work item, vectorized over columns (cpu.py)
 GROUPED = "grouped"  # direct channels-last conv with group > 1, depthwise too (grouped.py)
@@ -82,8 +82,12 @@ def choose(node: Node, target=targets.HOST) -> Impl:
         return Impl(ROW_MATMUL, f"not the packed GEMM: {reason}; not the run-time-packed "
                     f"one: {why}", tile=tile)
     if node.op == "attention":
+        whole = attention.AttentionShape.of(node, tile).whole_rows
+        softmax = (f"a two-pass softmax over all {node.inputs[1].shape[-2]} keys (at most "
+                   f"WHOLE_ROW_MAX_KEYS={attention.WHOLE_ROW_MAX_KEYS}, not causal)"
+                   if whole else "online softmax over key tiles")
         return Impl(ATTENTION, "one kernel per query block: scores on the micro-kernel, "
-                    "online softmax over key tiles", tile=tile)
+                    f"{softmax}", tile=tile)
     if node.op == "recurrence":
         return Impl(RECURRENCE, "the time loop in one kernel: per step h x R^T on R^T's "
                     "panels (packed at compile time when constant), then the gate math",

@@ -405,8 +405,10 @@ def prefetch_steps(t: Tile) -> int:
 K_LOOP = "microkernel.k"
 
 
-def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body, name: str = "gemm.loop") -> list:
-    """vals = init; for i in range(trip): vals = body(b, i, vals); return vals (trip >= 1)."""
+def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body, name: str = "gemm.loop",
+              unroll: bool = True) -> list:
+    """vals = init; for i in range(trip): vals = body(b, i, vals); return vals (trip >= 1).
+    `unroll=False` asks LLVM to keep the loop (`keep_loop`)."""
     pre = b.block
     loop = b.append_basic_block(name)
     done = b.append_basic_block("gemm.done")
@@ -424,9 +426,28 @@ def _phi_loop(b: ir.IRBuilder, trip: int, init: list, body, name: str = "gemm.lo
     i.add_incoming(nxt, b.block)
     for phi, x in zip(phis, new):
         phi.add_incoming(x, b.block)
-    b.cbranch(b.icmp_unsigned("<", nxt, _i64(trip)), loop, done)
+    latch = b.cbranch(b.icmp_unsigned("<", nxt, _i64(trip)), loop, done)
+    if not unroll:
+        keep_loop(b.module, latch)
     b.position_at_end(done)
     return new
+
+
+class _LoopID(ir.values.MDValue):
+    """A loop's ID for LLVM's `llvm.loop` metadata: a distinct node whose first operand
+    is itself (llvmlite writes no self-reference), then the loop's hints."""
+
+    def descr(self, buf):
+        refs = ", ".join([self.get_reference()] + [h.get_reference() for h in self.operands])
+        buf += (f"distinct !{{ {refs} }}", "\n")
+
+
+def keep_loop(module: ir.Module, latch) -> None:
+    """Mark the loop whose back edge is branch `latch` llvm.loop.unroll.disable: a loop
+    of a few trips with a register-filling body, fully unrolled by LLVM, had its
+    register allocation spill inside the inner K loops of the copies (summation.py)."""
+    hint = module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")])
+    latch.set_metadata("llvm.loop", _LoopID(module, [hint], name=str(len(module.metadata))))
 
 
 def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer: int,

@@ -233,3 +233,71 @@ def test_causal_mask_computed_from_constants_becomes_the_causal_flag():
     assert fuse_attention(g)
     node = next(n for n in g.nodes if n.op == "attention")
     assert node.attrs["causal"] and len(node.inputs) == 3
+
+
+def _window_attention_graph(windows: int, heads: int, t: int, d: int):
+    """Swin's window attention after the passes: the QKV product's rows split into heads
+    (reshape, transpose, a gather per q/k/v), a mask that is a per-head bias plus a
+    per-window mask (kept as their sum: too large to fold)."""
+    c = 3 * heads * d
+    return parse_graph(f"""
+graph w(%qkv: f32[{windows},{t},{c}], %bias: f32[1,{heads},{t},{t}], %win: f32[{windows},1,{t},{t}]) -> (%o) {{
+  %r = reshape(%qkv) {{shape=[{windows}, {t}, 3, {heads}, {d}]}} : f32[{windows},{t},3,{heads},{d}]
+  %p = transpose(%r) {{perm=[2, 0, 3, 1, 4]}} : f32[3,{windows},{heads},{t},{d}]
+  %i0 = const() {{value=dense<i64[]: [0]>}} : i64[]
+  %i1 = const() {{value=dense<i64[]: [1]>}} : i64[]
+  %i2 = const() {{value=dense<i64[]: [2]>}} : i64[]
+  %q = gather(%p, %i0) {{axis=0}} : f32[{windows},{heads},{t},{d}]
+  %k = gather(%p, %i1) {{axis=0}} : f32[{windows},{heads},{t},{d}]
+  %v = gather(%p, %i2) {{axis=0}} : f32[{windows},{heads},{t},{d}]
+  %m = add(%win, %bias) : f32[{windows},{heads},{t},{t}]
+  %o = attention(%q, %k, %v, %m) {{scale={float(1 / np.sqrt(d))!r}, causal=false}} : f32[{windows},{heads},{t},{d}]
+}}
+""")
+
+
+def test_window_attention_reads_rows_as_vectors():
+    """q's and v's rows behind the head split, and a mask made of two broadcast buffers,
+    are read a vector at a time (row_vectors.py); K, packed transposed, is not asked."""
+    from compiler.codegen import row_vectors
+
+    g = _window_attention_graph(4, 3, 49, 32)
+    bufs = {v: None for v in g.inputs}
+    q, k, v, m = g.nodes[-1].inputs
+    assert [row_vectors.refusal(x, bufs) for x in (q, v, m)] == [None] * 3
+    moved = parse_graph("""
+graph t(%x: f32[2,8,4]) -> (%y) {
+  %y = transpose(%x) {perm=[0, 2, 1]} : f32[2,4,8]
+}
+""")
+    assert "last axis" in row_vectors.refusal(moved.outputs[0], {moved.inputs[0]: None})
+    strided = parse_graph("""
+graph s(%x: f32[2,8]) -> (%y) {
+  %y = slice(%x) {starts=[0, 0], sizes=[2, 4], steps=[1, 2]} : f32[2,4]
+}
+""")
+    assert "strided" in row_vectors.refusal(strided.outputs[0], {strided.inputs[0]: None})
+
+
+@pytest.mark.parametrize("t,d", [(49, 32), (20, 24)])
+def test_window_attention_matches_reference(t, d):
+    """The two-pass softmax (S <= WHOLE_ROW_MAX_KEYS) with vector reads of q, v and the
+    mask against float64: 49 keys are a full and a partial tile of 32 (AVX-512), head dim
+    24 leaves a vector's remainder to the scalar reads, 20 keys one partial tile."""
+    from compiler.kernels import attention
+
+    windows, heads = 4, 3
+    g = _window_attention_graph(windows, heads, t, d)
+    cg = compile_graph(g)
+    k = cg.kernels[-1]  # after the mask's sum (an operand read many times: a buffer)
+    assert k.contraction.op == "attention" and "two-pass softmax" in k.impl.reason
+    assert attention.AttentionShape.of(g.nodes[-1], k.impl.tile).whole_rows
+    rng = np.random.default_rng(t + d)
+    qkv = rng.standard_normal((windows, t, 3 * heads * d)).astype(np.float32)
+    bias = rng.standard_normal((1, heads, t, t)).astype(np.float32)
+    win = np.where(rng.random((windows, 1, t, t)) < 0.2, -100.0, 0.0).astype(np.float32)
+    y, = CpuStep(compile_graph(g), threads=2).run([qkv, bias, win])
+    x = torch.from_numpy(qkv).double().reshape(windows, t, 3, heads, d).permute(2, 0, 3, 1, 4)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        x[0], x[1], x[2], attn_mask=torch.from_numpy(bias + win).double()).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6)

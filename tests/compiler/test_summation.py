@@ -70,6 +70,31 @@ def test_only_sums_longer_than_a_block_restart():
     assert _k_loops(3072) == (2 * one[0], True)
 
 
+def test_a_few_blocks_stay_a_loop_without_spills():
+    """K = 384 is three blocks of 128: LLVM unrolled that loop, and the 12 x 32 tile's
+    totals and accumulators (48 vectors) spilled inside a copy's K loop (Swin's K = 384
+    GEMMs at ~0.8x the speed of K = 768). The block loop carries unroll.disable: a few K
+    loops, none unrolled per block, none spilling, and the numbers still numpy's."""
+    from compiler import target as targets
+    from compiler.codegen import asm, llvm_cpu
+    from compiler.kernels import gemm
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((384, 64)).astype(np.float32)
+    a = rng.standard_normal((24, 384)).astype(np.float32)
+    for spec in ("cpu", "cpu:znver3"):
+        cg = compile_graph(_matmul(24, 384, 64, w), target=spec)
+        assert "llvm.loop.unroll.disable" in cg.llvm_ir
+        loops = asm.loop_spills(llvm_cpu.emit_assembly(cg.llvm_ir, targets.parse(spec)),
+                                gemm.K_LOOP)
+        # the loop over blocks' K loop, the last block's (added as the totals are read),
+        # and a short tile's
+        assert 1 <= len(loops) <= 3, (spec, loops)
+        assert {name: s for name, (_, s) in loops.items() if s} == {}, spec
+    got = CpuStep(compile_graph(_matmul(24, 384, 64, w))).run([a])[0]
+    np.testing.assert_allclose(got, a @ w, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_taps_are_blocks_and_winograd_sums_short_blocks():
     """A direct conv's blocks are runs of whole taps; Winograd F(4x4)'s per-position
     GEMMs restart every winograd.SUM_BLOCK[4] channels, though 64 < SUM_BLOCK."""
