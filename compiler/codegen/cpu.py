@@ -31,7 +31,8 @@ from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delineari
                                       linear_index, scalar_constant)
 from compiler.codegen.faults import FAULTS, FaultWord
 from compiler.codegen.kernel_facts import CODE_SIZE as _CODE_SIZE
-from compiler.codegen.kernel_facts import ITEMS, LOOP_BLOCK, PACKED, TEAM, by_columns
+from compiler.codegen.kernel_facts import (ITEMS, LOOP_BLOCK, PACKED, TEAM, by_columns,
+                                          concat_segments)
 from compiler.codegen.kernel_facts import extent as _extent
 from compiler.codegen.kernel_facts import may_fault as _may_fault
 from compiler.codegen.kernel_facts import signature as _signature
@@ -211,12 +212,20 @@ class Renderer(RowKernels):
         head = delinearize(b, o, root.shape[:-1]) if root.shape else []
         base = b.mul(o, i64(inner))
 
-        def element(b, j):
+        def element(b, j, pinned=None):
             em = self._emitter(b, without(ptrs, root), known)
+            em.pinned = pinned or {}
             idx = head + [j] if root.shape else []
             store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
-        counted_loop(b, i64(0), i64(inner), element)
+        split = concat_segments(k) if known is None else None
+        if split is None:
+            counted_loop(b, i64(0), i64(inner), element)
+            return
+        node, segments = split
+        for lo, hi, i in segments:  # one branch-free loop per input of the concat
+            counted_loop(b, i64(lo), i64(hi),
+                         lambda b, j, pin={node: (i, lo)}: element(b, j, pin))
 
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,
