@@ -380,16 +380,17 @@ class Renderer(RowKernels):
         n, t = k.root.shape[-1], self.tile
 
         def transform(b, rows, row0, col0, vals):
+            nv = len(vals) // rows  # the last panel's tile may be narrower (Tile.narrowed)
             out = []
             for r in range(rows):
                 start = b.mul(b.add(row0, i64(r)), i64(n))
-                for v in range(t.nv):
+                for v in range(nv):
                     col = b.add(col0, i64(v * t.vec))
                     off = b.add(start, col)
                     if n % t.nr:
                         inside = b.icmp_signed("<", col, i64(n))
                         col, off = b.select(inside, col, i64(0)), b.select(inside, off, start)
-                    out.append(apply(b, vals[r * t.nv + v], off, col))
+                    out.append(apply(b, vals[r * nv + v], off, col))
             return out
 
         return transform
