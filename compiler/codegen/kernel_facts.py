@@ -104,8 +104,8 @@ def concat_segments(k: Kernel) -> tuple | None:
     """(concat node, [(lo, hi, input number)]) where a loop kernel's inner loop (over
     its root's last dim) may run as one loop per input of that concat: a concat along
     its last axis, as long as the root's, whose result reaches the root through
-    elementwise ops only (the index of every read of it is then the root's along that
-    axis). Each segment then reads its input with no branch per element, so the loop
+    elementwise ops and channels-last pools only (the index of every read of it is then
+    the root's along that axis: SqueezeNet's max pool over a fire module's concat). Each segment then reads its input with no branch per element, so the loop
     vectorizes (a DenseNet layer's BN-ReLU over the concat of every earlier layer's
     features ran scalar through a chain of up to 32 compares). The concat with the
     most inputs wins; None when there is none."""
@@ -131,10 +131,15 @@ def concat_segments(k: Kernel) -> tuple | None:
     return best, segments
 
 
+# Ops that read their operands at their own index along the last axis: elementwise ops,
+# and pools (channels-last: their window moves over the rows and columns only).
+_LAST_AXIS_KEPT = frozenset({Family.ELEMENTWISE, Family.POOL})
+
+
 def _elementwise_cone(k: Kernel) -> set[Value]:
     """The values of kernel k read only at the root's index along its last axis: the
-    root, and what it reaches through elementwise ops whose every user in k is such an
-    op (a value also read by a movement op or a pool is left out)."""
+    root, and what it reaches through ops of _LAST_AXIS_KEPT whose every user in k is
+    such an op (a value also read by a movement op is left out)."""
     users: dict[Value, list] = {}
     for n in k.nodes:
         for u in n.inputs:
@@ -144,7 +149,7 @@ def _elementwise_cone(k: Kernel) -> set[Value]:
     for n in reversed(k.nodes):  # topological order reversed: users before producers
         out = n.outputs[0]
         if out is k.root or (out in users and all(
-                m.opdef.family is Family.ELEMENTWISE and m.outputs[0] in cone
+                m.opdef.family in _LAST_AXIS_KEPT and m.outputs[0] in cone
                 and tuple(m.outputs[0].shape[-1:]) == (last,) for m in users[out])):
             cone.add(out)
     return cone

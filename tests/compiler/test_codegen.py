@@ -600,3 +600,21 @@ def test_concat_read_through_a_movement_op_keeps_its_branches():
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
     np.testing.assert_array_equal(CpuStep(cg).run(xs)[0], evaluate(g, xs)[0])
+
+
+def test_a_pool_over_a_concat_splits_the_inner_loop():
+    """SqueezeNet's max pool over a fire module's channel concat: a channels-last pool
+    reads its input at its own channel, so the loop still splits per input of the
+    concat, with no branch per element."""
+    g = parse_graph("""
+graph f(%a: f32[1,9,9,16], %b: f32[1,9,9,24]) -> (%y) {
+  %c = concat(%a, %b) {axis=3} : f32[1,9,9,40]
+  %y = max_pool(%c) {kernel=[3, 3], strides=[2, 2], pads=[0, 0, 0, 0], dilations=[1, 1], layout="NHWC"} : f32[1,4,4,40]
+}""")
+    cg = compile_graph(g)
+    (k,) = cg.kernels
+    assert kernel_facts.concat_segments(k)[1] == [(0, 16, 0), (16, 40, 1)]
+    assert "concat.in" not in cg.llvm_ir
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    np.testing.assert_array_equal(CpuStep(cg).run(xs)[0], evaluate(g, xs)[0])
