@@ -32,7 +32,8 @@ from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delineari
                                       linear_index, scalar_constant)
 from compiler.codegen.faults import FAULTS, FaultWord
 from compiler.codegen.kernel_facts import CODE_SIZE as _CODE_SIZE
-from compiler.codegen.kernel_facts import ITEMS, LOOP_BLOCK, PACKED, TEAM, by_columns
+from compiler.codegen.kernel_facts import (ITEMS, LOOP_BLOCK, PACKED, TEAM, by_columns,
+                                          concat_segments)
 from compiler.codegen.kernel_facts import extent as _extent
 from compiler.codegen.kernel_facts import interleave as _interleave
 from compiler.codegen.kernel_facts import may_fault as _may_fault
@@ -221,12 +222,21 @@ class Renderer(RowKernels):
         head = delinearize(b, o, root.shape[:-1]) if root.shape else []
         base = b.mul(o, i64(inner))
 
-        def element(b, j):
+        def element(b, j, pinned=None):
             em = self._emitter(b, without(ptrs, root), known)
+            em.pinned = pinned or {}
             idx = head + [j] if root.shape else []
             store_element(b, ptrs[root], root.dtype, b.add(base, j), em.at(root, idx))
 
-        counted_loop(b, i64(0), i64(inner), element, hints=self._loop_hints(k, inner))
+        split = concat_segments(k) if known is None else None
+        if split is None:
+            counted_loop(b, i64(0), i64(inner), element, hints=self._loop_hints(k, inner))
+            return
+        node, segments = split
+        for lo, hi, i in segments:  # one branch-free loop per input of the concat
+            counted_loop(b, i64(lo), i64(hi),
+                         lambda b, j, pin={node: (i, lo)}: element(b, j, pin),
+                         hints=self._loop_hints(k, hi - lo))
 
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,
@@ -394,16 +404,17 @@ class Renderer(RowKernels):
         n, t = k.root.shape[-1], self.tile
 
         def transform(b, rows, row0, col0, vals):
+            nv = len(vals) // rows  # the last panel's tile may be narrower (Tile.narrowed)
             out = []
             for r in range(rows):
                 start = b.mul(b.add(row0, i64(r)), i64(n))
-                for v in range(t.nv):
+                for v in range(nv):
                     col = b.add(col0, i64(v * t.vec))
                     off = b.add(start, col)
                     if n % t.nr:
                         inside = b.icmp_signed("<", col, i64(n))
                         col, off = b.select(inside, col, i64(0)), b.select(inside, off, start)
-                    out.append(apply(b, vals[r * t.nv + v], off, col))
+                    out.append(apply(b, vals[r * nv + v], off, col))
             return out
 
         return transform

@@ -90,6 +90,10 @@ class ElementEmitter:
         self.faults = faults
         self.memo: dict = {}
         self._invariant: dict[Value, bool] = {}  # _row_invariant's answers
+        # concat node -> (input number, its first index on the axis): the loop over
+        # that axis was split by input (kernel_facts.concat_segments), so this element
+        # reads that input with no branch
+        self.pinned: dict = {}
 
     def at(self, v: Value, idx: list):
         key = (v, tuple(idx))  # constants compare by value; instructions by identity
@@ -279,8 +283,14 @@ class ElementEmitter:
         return self.b.select(c, a, b_)
 
     def _concat(self, n, idx):
-        """A chain of branches: each input is only read where it owns the index."""
+        """A chain of branches: each input is only read where it owns the index (or
+        the one input the caller pinned for this segment of the loop)."""
         axis = n.attrs["axis"]
+        if n in self.pinned:
+            k, lo = self.pinned[n]
+            src = list(idx)
+            src[axis] = self.b.sub(idx[axis], i64(lo))
+            return self.at(n.inputs[k], src)
         out_t = llvm_type(n.outputs[0].dtype)
         if n.outputs[0].shape[axis] == 0:  # an empty result: no element is ever read
             return scalar_constant(0, n.outputs[0].dtype)

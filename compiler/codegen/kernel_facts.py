@@ -12,6 +12,7 @@ from compiler.codegen.faults import code_of
 from compiler.codegen.lowering import is_flat
 from compiler.codegen.mathlib import FAST_F32
 from compiler.ir import Value
+from compiler.ops import Family
 from compiler.kernels import choice
 from compiler.passes.fuse import Kernel
 
@@ -136,6 +137,61 @@ def by_columns(k: Kernel) -> bool:
     if any(r.op in ("argmax", "argmin") for r in k.levels[0]):
         return False
     return k.domain[last] * 8 <= COLUMN_ROW_BYTES
+
+
+def concat_segments(k: Kernel) -> tuple | None:
+    """(concat node, [(lo, hi, input number)]) where a loop kernel's inner loop (over
+    its root's last dim) may run as one loop per input of that concat: a concat along
+    its last axis, as long as the root's, whose result reaches the root through
+    elementwise ops and channels-last pools only (the index of every read of it is then
+    the root's along that axis: SqueezeNet's max pool over a fire module's concat). Each segment then reads its input with no branch per element, so the loop
+    vectorizes (a DenseNet layer's BN-ReLU over the concat of every earlier layer's
+    features ran scalar through a chain of up to 32 compares). The concat with the
+    most inputs wins; None when there is none."""
+    root = k.root
+    if k.kind != "loop" or not root.shape or root.shape[-1] < 2:
+        return None
+    downstream = _elementwise_cone(k)
+    best = None
+    for n in k.nodes:
+        out = n.outputs[0]
+        if (n.op != "concat" or n.attrs["axis"] != len(out.shape) - 1
+                or out.shape[-1] != root.shape[-1] or out not in downstream):
+            continue
+        if best is None or len(n.inputs) > len(best.inputs):
+            best = n
+    if best is None:
+        return None
+    segments, lo = [], 0
+    for i, u in enumerate(best.inputs):
+        if u.shape[-1]:
+            segments.append((lo, lo + u.shape[-1], i))
+        lo += u.shape[-1]
+    return best, segments
+
+
+# Ops that read their operands at their own index along the last axis: elementwise ops,
+# and pools (channels-last: their window moves over the rows and columns only).
+_LAST_AXIS_KEPT = frozenset({Family.ELEMENTWISE, Family.POOL})
+
+
+def _elementwise_cone(k: Kernel) -> set[Value]:
+    """The values of kernel k read only at the root's index along its last axis: the
+    root, and what it reaches through ops of _LAST_AXIS_KEPT whose every user in k is
+    such an op (a value also read by a movement op is left out)."""
+    users: dict[Value, list] = {}
+    for n in k.nodes:
+        for u in n.inputs:
+            users.setdefault(u, []).append(n)
+    last = k.root.shape[-1]
+    cone = {k.root}
+    for n in reversed(k.nodes):  # topological order reversed: users before producers
+        out = n.outputs[0]
+        if out is k.root or (out in users and all(
+                m.opdef.family in _LAST_AXIS_KEPT and m.outputs[0] in cone
+                and tuple(m.outputs[0].shape[-1:]) == (last,) for m in users[out])):
+            cone.add(out)
+    return cone
 
 
 def transposed_last(v: Value) -> bool:

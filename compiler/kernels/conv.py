@@ -170,10 +170,15 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
             return [_input_row(b, s, x_ptr, zeros, n, y0, x0, dy, dx) for n, y0, x0 in pix]
 
         outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
-        vals = summation.accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(s.k)), outer,
-                                    inner, row_ptrs,
-                                    gemm.next_panel(b, t, s.m, s.k, row0, by_rows, group))
-        gemm.store_tile(b, t, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr, transform)
+        far = gemm.next_panel(b, t, s.m, s.k, row0, by_rows, group)
+
+        def product(b, tt):
+            vals = summation.accumulate(b, tt, rows, packed_ptr, b.mul(panel, _i64(s.k)),
+                                        outer, inner, row_ptrs, far)
+            gemm.store_tile(b, tt, s.cout, rows, vals, y_ptr, row0, panel, bias_ptr,
+                            transform)
+
+        gemm.by_panel(b, t, s.cout, panel, product)
         if after is not None:
             after(b, rows, row0, panel)
 

@@ -30,6 +30,7 @@ each as short as that count permits (`tile_rows`): M = 49 (a ResNet's 7x7 maps) 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,11 +62,31 @@ class Tile:
     mr: int
     fma: bool = True
     l2_bytes: int = 1 << 20
+    # the packed panels' width in floats where it is wider than this tile (`narrowed`:
+    # the last panel's tile reads the first columns of a panel packed full width); 0: NR
+    stride: int = 0
 
     @property
     def nr(self) -> int:
-        """Tile columns (floats): one packed panel's width."""
+        """Tile columns (floats): one packed panel's width (`panel` where narrowed)."""
         return self.nv * self.vec
+
+    @property
+    def panel(self) -> int:
+        """Floats per row of a packed panel (the column step from panel to panel)."""
+        return self.stride or self.nr
+
+    def narrowed(self, n: int) -> Tile | None:
+        """The tile of the last of N's panels where fewer of its vectors hold columns
+        below N (N = 104 on 32-column panels: 8 of the last panel's 32), else None. It
+        runs the vectors that hold columns (its FMAs are the work; AVX-512 ran the
+        wasted lanes of RegNet's and MobileNet's 1x1 convs at 104, 208 or 144 channels
+        too, up to 23% of the FMAs), reading the panel at its packed width."""
+        last = n - (-(-n // self.nr) - 1) * self.nr
+        nv = -(-last // self.vec)
+        if n <= 0 or nv >= self.nv:
+            return None
+        return dataclasses.replace(self, nv=nv, stride=self.nr)
 
     @property
     def vtype(self) -> ir.VectorType:
@@ -250,16 +271,35 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
         def row_ptrs(b, kk):
             return ptrs
 
-        vals = summation.accumulate(b, t, rows, packed_ptr, b.mul(panel, _i64(shape.k)), 1,
-                                    shape.k, row_ptrs,
-                                    next_panel(b, t, shape.m, shape.k, row0, by_rows, group))
-        store_tile(b, t, shape.n, rows, vals, c_ptr, row0, panel, transform=transform)
+        far = next_panel(b, t, shape.m, shape.k, row0, by_rows, group)
+
+        def product(b, tt):
+            vals = summation.accumulate(b, tt, rows, packed_ptr, b.mul(panel, _i64(shape.k)),
+                                        1, shape.k, row_ptrs, far)
+            store_tile(b, tt, shape.n, rows, vals, c_ptr, row0, panel, transform=transform)
+
+        by_panel(b, t, shape.n, panel, product)
         if after is not None:
             after(b, rows, row0, panel)
 
     by_rows = row_major(t, shape.k, shape.n, shape.m) or copies
     group = panel_group(t, shape.k, shape.n, shape.m * shape.k * 4, by_rows)
     for_each_tile(b, t, shape.m, shape.n, item, tile, by_rows, group)
+
+
+def by_panel(b: ir.IRBuilder, t: Tile, n: int, panel, product) -> None:
+    """product(b, tile) for column panel `panel` of N: on the last panel the narrowed
+    tile where it has one (Tile.narrowed), else t."""
+    narrow = t.narrowed(n)
+    if narrow is None:
+        product(b, t)
+        return
+    last = b.icmp_unsigned("==", panel, _i64(-(-n // t.nr) - 1))
+    with b.if_else(last) as (then, otherwise):
+        with then:
+            product(b, narrow)
+        with otherwise:
+            product(b, t)
 
 
 def tile_rows(m: int, mr: int) -> int:
@@ -460,7 +500,7 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
     value), for the row `far` floats on into L2 (`next_panel`). The panel's rows are
     `row_floats` apart (default: the tile's NR; wider where a narrower tile reads the
     first columns of a panel packed for the full one)."""
-    stride = row_floats or t.nr
+    stride = row_floats or t.panel
     near = _i64(prefetch_steps(t) * stride)
     def inner(b, c, accs, ptrs, kk):
         prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(stride))
@@ -495,7 +535,7 @@ def store_tile(b: ir.IRBuilder, t: Tile, n: int, rows: int, vals, c_ptr, row0, p
     """Write the tile into row-major C[., n] (+ bias[col], bias padded to whole panels;
     then `transform(b, rows, row0, col0, vals) -> vals`, an epilogue on the registers);
     the last panel stores only its columns below n."""
-    nr, vec = t.nr, t.vec
+    nr, vec = t.panel, t.vec
     panels = -(-n // nr)
     last_cols = n - (panels - 1) * nr
     col0 = b.mul(panel, _i64(nr))
@@ -520,8 +560,8 @@ def store_tile(b: ir.IRBuilder, t: Tile, n: int, rows: int, vals, c_ptr, row0, p
                                 inbounds=True)
                     b.store(b.extract_element(x, ir.Constant(I32, lane)), ptr)
 
-    if last_cols == nr:
-        store(nr)
+    if last_cols == nr or t.stride:  # a narrowed tile only ever runs the last panel
+        store(last_cols)
         return
     is_last = b.icmp_unsigned("==", panel, _i64(panels - 1))
     with b.if_else(is_last) as (then, otherwise):

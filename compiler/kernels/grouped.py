@@ -18,15 +18,18 @@ j < Cg, lane o needs input channel g(o) * Cg + j:
 
 `width` is the target's vector width (`vec` floats: gemm.Tile.vec), halved until one of the
 two holds and a shuffle's span is at most MAX_SPAN_VECTORS vectors (a group width of 24
-runs on 8-lane vectors; one of 3 on scalars).
+runs on 8-lane vectors; one of 3 on scalars). Where no input column serves several taps
+(a stride along the row, a window one column wide) a shuffle is paid per FMA, so a
+broadcast at half the width is preferred to it (BROADCAST_MIN_FRACTION).
 
 Register blocking: TILE output pixels along a row times one vector: TILE accumulators,
 each weight vector loaded once per tile and tap; at stride 1 a tile's input columns
 overlap from tap to tap and LLVM keeps each one loaded once. Work items are (image,
 output row, CHUNK vectors of channels). Padding costs no test in the inner loops: the
 window rows inside the image are a range computed once per output row, and the output
-columns are split at compile time into a left border, the interior (whole windows, tiles
-of TILE) and a right border (pixel by pixel, only the taps inside the image). The last
+columns are cut at compile time into tiles as even as TILE allows (`column_tiles`): a
+tile holding border columns reads only their taps inside the image, a run of interior
+tiles is a loop. The last
 vector of a channel count that is not a multiple of the width loads and stores under a
 mask. The epilogue runs on the registers (`apply`) for whole `vec`-wide vectors, else
 in place after the store (`after`).
@@ -49,6 +52,13 @@ TILE = 8
 CHUNK = 4
 # A shuffle reads at most this many vectors of input channels per pixel and tap.
 MAX_SPAN_VECTORS = 4
+# Strided along the row (or with a window one column wide), a shuffle-mode input vector
+# serves one tap (at stride 1 the kw taps of neighbouring pixels share it), so every
+# FMA pays a shuffle on the FMA's ports; a broadcast from memory is a load instead. Such a conv
+# runs broadcast at down to vec / 2 lanes: on Zen 4 (512-bit FMAs as two 256-bit
+# halves) RegNet's group-width-8 stride-2 convs went 25-33% faster at 8 lanes; at
+# stride 1 the shuffle still won (by 5-13%).
+BROADCAST_MIN_FRACTION = 2
 # The j < Cg loop is unrolled up to this many channels, a runtime loop past it.
 UNROLL_CG = 8
 
@@ -68,9 +78,17 @@ def refusal(node) -> str | None:
     return None
 
 
-def choose_width(mg: int, cg: int, vec: int) -> tuple[int, str]:
+def choose_width(mg: int, cg: int, vec: int, shared: bool = True) -> tuple[int, str]:
     """(vector width, "broadcast" or "shuffle") for groups of Mg outputs and Cg inputs on
-    a target of `vec` float lanes (see the module docstring)."""
+    a target of `vec` float lanes; `shared`: an input column serves several taps of
+    neighbouring output pixels (stride 1 along the row, a window wider than 1; see the
+    module docstring and BROADCAST_MIN_FRACTION)."""
+    half = vec // BROADCAST_MIN_FRACTION
+    if not shared and cg > 1 and half and mg % half == 0:
+        width = vec
+        while mg % width:
+            width //= 2
+        return width, "broadcast"
     width = vec
     while width > 1:
         if mg % width == 0:
@@ -116,7 +134,8 @@ class GroupedShape:
             strides, dil = tuple(a["strides"]), tuple(a["dilations"])
             pads = tuple(a["pads"][:2])
         h, wd, oh, ow, kh, kw = sizes
-        width, mode = choose_width(w.shape[0] // g, x.shape[-1] // g, vec)
+        shared = strides[1] == 1 and sizes[5] > 1
+        width, mode = choose_width(w.shape[0] // g, x.shape[-1] // g, vec, shared)
         return cls(x.shape[0], h, wd, x.shape[-1], oh, ow, y.shape[-1], kh, kw, strides,
                    pads, dil, g, width, mode, vec)
 
@@ -162,6 +181,31 @@ class GroupedShape:
         """The kw whose input column is inside the image for output column `ow`."""
         x0 = ow * self.strides[1] - self.pads[1]
         return [k for k in range(self.kw) if 0 <= x0 + k * self.dilations[1] < self.w]
+
+
+def column_tiles(s: GroupedShape) -> list[tuple[int, int, int]]:
+    """The output columns of a row as register tiles: [(first column, pixels, repeat)],
+    `repeat` tiles of `pixels` columns each from `first`. The row is cut into as few
+    tiles of at most TILE pixels as it takes, as even as possible, so no tile is a lone
+    pixel: a tile's pixels are its independent FMA chains, and a border pixel run on
+    its own (as the borders were) waits out the FMA latency on each of its taps (a 7x7
+    map's two border columns cost more than its five others). A border tile reads only
+    its taps inside the image; consecutive interior tiles of one size run as a loop."""
+    count = -(-s.ow // TILE)
+    base, extra = divmod(s.ow, count) if count else (0, 0)
+    lo, hi = s.interior()
+    out: list[list[int]] = []
+    start = 0
+    for i in range(count):
+        size = base + (1 if i < extra else 0)
+        inside = lo <= start and start + size <= hi
+        last = out[-1] if out else None
+        if inside and last is not None and last[3] and last[1] == size:
+            last[2] += 1
+        else:
+            out.append([start, size, 1, inside])
+        start += size
+    return [(first, size, repeat) for first, size, repeat, _ in out]
 
 
 def plan(node, vec: int) -> GroupedShape:
@@ -313,21 +357,19 @@ class _Emitter:
         return _Row(n, oh, y0, lo, hi)
 
     def vector(self, row: _Row, v, valid: int) -> None:
-        """All output columns of the row for channel vector v (`valid` lanes)."""
+        """All output columns of the row for channel vector v (`valid` lanes), tile by
+        tile (`column_tiles`): a run of equal interior tiles is a loop, any other tile
+        straight-line code reading only the taps inside the image."""
         s = self.s
         row = _Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, valid)
-        lo, hi = s.interior()
-        for ow in range(0, lo):
-            self.pixels(row, _i64(ow), [s.taps_inside(ow)])
-        tiles, rest = divmod(hi - lo, TILE)
         all_taps = list(range(s.kw))
-        if tiles:
-            counted_loop(self.b, _i64(0), _i64(tiles), lambda b, t: self.pixels(
-                row, b.add(_i64(lo), b.mul(t, _i64(TILE))), [all_taps] * TILE))
-        if rest:
-            self.pixels(row, _i64(lo + tiles * TILE), [all_taps] * rest)
-        for ow in range(max(hi, lo), s.ow):
-            self.pixels(row, _i64(ow), [s.taps_inside(ow)])
+        for start, size, repeat in column_tiles(s):
+            if repeat == 1:
+                self.pixels(row, _i64(start), [s.taps_inside(ow)
+                                               for ow in range(start, start + size)])
+                continue
+            counted_loop(self.b, _i64(0), _i64(repeat), lambda b, t: self.pixels(
+                row, b.add(_i64(start), b.mul(t, _i64(size))), [all_taps] * size))
 
     def pixels(self, row: _Row, ow0, taps: list[list[int]]) -> None:
         """Output pixels ow0, ow0 + 1, ... (one per entry of `taps`, the kw each reads)

@@ -23,8 +23,10 @@ A value is materialized (gets a buffer; `plan(graph).reasons` says why) when:
   - it is a contraction's (matmul's) result or operand: a contraction is its
     own kernel, reading each operand element many times;
   - several kernels read it and it is a reduction, contains an op of
-    EXPENSIVE_OPS, or costs more than INLINE_COST ops to recompute (cheaper
-    values are recomputed by each kernel: `plan(graph).notes` lists them);
+    EXPENSIVE_OPS, or costs more than INLINE_COST ops to recompute (a pool costs
+    its window's taps times what it reads: DenseNet's 3x3 max pool, read by the
+    six layers of its first block, was recomputed by each; cheaper values are
+    recomputed by each kernel: `plan(graph).notes` lists them);
   - one pass of a kernel reads it along several paths (e.g. x and transpose(x):
     each path recomputes it at its own index) and it is costly as above;
   - a row kernel cannot take it in: a reduction over other axes or another
@@ -475,6 +477,8 @@ def _cost(v: Value, materialized: set, memo: dict) -> tuple[int, bool]:
     for u in p.inputs:
         c, e = _cost(u, materialized, memo)
         n, costly = n + c, costly or e
+    if p.opdef.family is Family.POOL:  # its input is read (and recomputed) per window tap
+        n *= int(np.prod(p.attrs["kernel"]))
     memo[v] = (n, costly)
     return memo[v]
 

@@ -553,3 +553,68 @@ def test_short_column_reductions_in_vectors(hw, c, fused):
     scale = np.abs(want[np.isfinite(want)]).max()  # the zoo's measure: error / max |ref|
     np.testing.assert_allclose(s, want, rtol=1e-6, atol=1e-6 * scale)
     np.testing.assert_array_equal(peak, src.max((1, 2), keepdims=True))
+
+
+def _dense_prologue(after: str = "") -> str:
+    """A DenseNet layer's prologue: max_pool of one input concatenated on channels with
+    two more, then a per-channel BatchNorm (mul, add) and ReLU; `after` appends a node."""
+    scale = ", ".join(str(0.5 + i / 64) for i in range(40))
+    shift = ", ".join(str(i / 80 - 0.25) for i in range(40))
+    return f"""
+graph d(%x: f32[1,8,8,16], %y: f32[1,4,4,8], %z: f32[1,4,4,16]) -> (%out) {{
+  %p = max_pool(%x) {{kernel=[2, 2], strides=[2, 2], pads=[0, 0, 0, 0], dilations=[1, 1], layout="NHWC"}} : f32[1,4,4,16]
+  %c = concat(%p, %y, %z) {{axis=3}} : f32[1,4,4,40]
+  %s = const() {{value=dense<f32[40]: [{scale}]>}} : f32[40]
+  %t = const() {{value=dense<f32[40]: [{shift}]>}} : f32[40]
+  %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]
+  %m = mul(%c, %s) : f32[1,4,4,40]
+  %a = add(%m, %t) : f32[1,4,4,40]
+  %r = max(%a, %zero) : f32[1,4,4,40]
+{after}}}"""
+
+
+def test_concat_on_the_last_axis_splits_the_inner_loop():
+    """BN-ReLU over a channel concat (DenseNet): the inner loop runs once per input of
+    the concat, each segment reading its input with no branch (no concat.in blocks in
+    the IR), so the loop vectorizes; the same numbers as the interpreter."""
+    g = parse_graph(_dense_prologue("  %out = add(%r, %zero) : f32[1,4,4,40]\n"))
+    cg = compile_graph(g)
+    (k,) = cg.kernels
+    node, segments = kernel_facts.concat_segments(k)
+    assert node.op == "concat" and segments == [(0, 16, 0), (16, 24, 1), (24, 40, 2)]
+    assert "concat.in" not in cg.llvm_ir
+    assert "x float>" in str(llvm_cpu.optimize(cg.llvm_ir))
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    np.testing.assert_array_equal(CpuStep(cg).run(xs)[0], evaluate(g, xs)[0])
+
+
+def test_concat_read_through_a_movement_op_keeps_its_branches():
+    """A concat whose result is also read at another index (here transposed) is not
+    split: the inner loop's index is not the concat's along its axis there."""
+    g = parse_graph(_dense_prologue(
+        "  %q = transpose(%c) {perm=[0, 2, 1, 3]} : f32[1,4,4,40]\n"
+        "  %out = add(%r, %q) : f32[1,4,4,40]\n"))
+    cg = compile_graph(g)
+    assert [kernel_facts.concat_segments(k) for k in cg.kernels] == [None]
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    np.testing.assert_array_equal(CpuStep(cg).run(xs)[0], evaluate(g, xs)[0])
+
+
+def test_a_pool_over_a_concat_splits_the_inner_loop():
+    """SqueezeNet's max pool over a fire module's channel concat: a channels-last pool
+    reads its input at its own channel, so the loop still splits per input of the
+    concat, with no branch per element."""
+    g = parse_graph("""
+graph f(%a: f32[1,9,9,16], %b: f32[1,9,9,24]) -> (%y) {
+  %c = concat(%a, %b) {axis=3} : f32[1,9,9,40]
+  %y = max_pool(%c) {kernel=[3, 3], strides=[2, 2], pads=[0, 0, 0, 0], dilations=[1, 1], layout="NHWC"} : f32[1,4,4,40]
+}""")
+    cg = compile_graph(g)
+    (k,) = cg.kernels
+    assert kernel_facts.concat_segments(k)[1] == [(0, 16, 0), (16, 40, 1)]
+    assert "concat.in" not in cg.llvm_ir
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    np.testing.assert_array_equal(CpuStep(cg).run(xs)[0], evaluate(g, xs)[0])

@@ -385,3 +385,15 @@ def test_pointwise_conv_rows_4k_apart_match_torch(x_shape, strides):
     y, = cg.run([x])
     want = _torch_conv(x, w, bias, strides, (0, 0, 0, 0), (1, 1))
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("cout", [104, 40, 208])
+def test_narrowed_last_panel_conv_with_residual_matches_torch(cout):
+    """A 1x1 and a 3x3 conv whose last channel panel runs the narrowed tile (gemm.Tile
+    .narrowed: 104 = 3 x 32 + 8), with the residual-and-ReLU epilogue."""
+    rng = np.random.default_rng(7)
+    for kernel, pads in ((1, (0, 0, 0, 0)), (3, (1, 1, 1, 1))):
+        w = rng.standard_normal((cout, 24, kernel, kernel)).astype(np.float32)
+        g, y_shape = _residual_block((1, 9, 7, 24), w, pads)
+        cg = CpuStep(compile_graph(g))
+        _check_residual_block(cg, rng, (1, 9, 7, 24), y_shape, w, pads)

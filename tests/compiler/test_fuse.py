@@ -244,6 +244,27 @@ graph shared(%x: f32[4,9], %y: f32[4,9]) -> (%o1, %o2, %o3, %o4) {
     _check_numbers(g)
 
 
+@pytest.mark.parametrize("window, shared", [(3, True), (2, False)])
+def test_shared_pool_costs_its_window(window, shared):
+    """A pool read by two kernels costs its window's taps to recompute: a 3x3 max pool
+    (9 taps, DenseNet's stem pool read by each layer of its first block) gets a buffer,
+    a 2x2 one (4 taps) is still recomputed by each kernel."""
+    out = 8 // window if window == 2 else 3
+    g = _graph(f"""
+graph pool(%x: f32[1,8,8,16], %y: f32[1,{out},{out},16]) -> (%o1, %o2) {{
+  %p = max_pool(%x) {{kernel=[{window}, {window}], strides=[2, 2], pads=[0, 0, 0, 0], dilations=[1, 1], layout="NHWC"}} : f32[1,{out},{out},16]
+  %o1 = add(%p, %y) : f32[1,{out},{out},16]
+  %o2 = mul(%p, %y) : f32[1,{out},{out},16]
+}}
+""")
+    p = plan(g)
+    reasons = {v.name: r for v, r in p.reasons.items()}
+    assert ("p" in reasons) == shared
+    if shared:
+        assert f"{window * window} ops (> INLINE_COST" in reasons["p"]
+    _check_numbers(g)
+
+
 def test_reduction_read_by_two_kernels_is_computed_once():
     g = _graph("""
 graph shared_red(%x: f32[4,9]) -> (%a, %b) {

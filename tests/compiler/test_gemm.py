@@ -202,3 +202,38 @@ def test_panel_groups_are_sized_from_l2_and_match_numpy(monkeypatch):
     want = a.astype(np.float64) @ w
     scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
     np.testing.assert_allclose(y, want, rtol=0, atol=4e-7 * scale)
+
+
+@pytest.mark.parametrize("n,nv", [(104, 1), (208, 1), (48, 1), (40, 1), (440, None), (96, None),
+                                  (8, 1), (16, 1)])
+def test_the_last_panel_runs_a_narrowed_tile(n, nv):
+    """On 32-column panels (16 lanes) a last panel holding up to 16 columns runs a tile of
+    one vector per row, reading the panel at its packed width; a full or 3/4 one does not."""
+    tile = gemm.Tile(vec=16, nv=2, mr=12)
+    narrow = tile.narrowed(n)
+    assert (narrow.nv if narrow else None) == nv
+    if narrow:
+        assert narrow.panel == tile.nr and narrow.mr == tile.mr
+
+
+@pytest.mark.parametrize("k,n", [(104, 104), (48, 40), (33, 208)])
+@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
+def test_narrowed_last_panel_matches_numpy(k, n, spec):
+    """Products whose last panel runs the narrowed tile (N % NR <= NR / 2 on AVX-512; on
+    AVX2's 16-column panels N = 40 and 104 end in 8 columns: one vector of 8), with a
+    ReLU epilogue on the registers or in place after the store."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    a = rng.standard_normal((29, k)).astype(np.float32)
+    g = parse_graph(f"""
+graph mm(%a: f32[29,{k}]) -> (%y) {{
+  %w = const() {{value=@w}} : f32[{k},{n}]
+  %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]
+  %m = matmul(%a, %w) : f32[29,{n}]
+  %y = max(%m, %zero) : f32[29,{n}]
+}}
+""", {"w": w})
+    cg = compile_graph(g, target=spec)
+    y, = CpuStep(cg, threads=2).run([a])
+    want = np.maximum(a.astype(np.float64) @ w, 0)
+    np.testing.assert_allclose(y, want, rtol=0, atol=4e-7 * np.sqrt(k) * 16)

@@ -124,6 +124,45 @@ def test_vector_width_and_mode(mg, cg, vec, expected):
     assert grouped.choose_width(mg, cg, vec) == expected
 
 
+@pytest.mark.parametrize("mg,cg,vec,expected", [
+    (8, 8, 16, (8, "broadcast")),  # RegNet's stride-2 convs: a load per FMA, no shuffle
+    (24, 24, 16, (8, "broadcast")),
+    (1, 1, 16, (16, "shuffle")),  # depthwise: the identity shuffle costs nothing
+    (4, 4, 16, (16, "shuffle")),  # no broadcast at half the width or more
+])
+def test_unshared_columns_prefer_a_broadcast(mg, cg, vec, expected):
+    """Where each input column serves one tap (strided along the row), a shuffle would be
+    paid per FMA: a broadcast at down to half the width wins."""
+    assert grouped.choose_width(mg, cg, vec, shared=False) == expected
+
+
+@pytest.mark.parametrize("ow,pad,k,expected", [
+    (7, 1, 3, [(0, 7, 1)]),  # one tile: the borders are not lone pixels
+    (14, 1, 3, [(0, 7, 1), (7, 7, 1)]),
+    (28, 1, 3, [(0, 7, 1), (7, 7, 2), (21, 7, 1)]),  # interior tiles run as a loop
+    (56, 1, 3, [(0, 8, 1), (8, 8, 5), (48, 8, 1)]),
+    (7, 3, 7, [(0, 7, 1)]),  # all border
+])
+def test_columns_are_cut_into_even_tiles(ow, pad, k, expected):
+    s = grouped.GroupedShape(1, ow, ow, 32, ow, ow, 32, k, k, (1, 1), (pad, pad), (1, 1),
+                             4, 16, "shuffle", 16)
+    tiles = grouped.column_tiles(s)
+    assert tiles == expected
+    assert sum(size * repeat for _, size, repeat in tiles) == ow
+    assert max(size for _, size, _ in tiles) <= grouped.TILE
+
+
+@pytest.mark.parametrize("x_shape,groups,strides", [
+    ((1, 13, 13, 48), 6, (2, 2)),  # group width 8 at stride 2: broadcast on 8 lanes
+    ((1, 9, 9, 96), 4, (1, 2)),  # group width 24, strided along the row only
+    ((1, 7, 7, 64), 8, (1, 1)),  # group width 8, a 7-wide row: one tile
+])
+def test_grouped_tiles_and_strides_match_torch(x_shape, groups, strides):
+    y, want, terms = _run_2d(x_shape, x_shape[3], 3, strides, (1, 1, 1, 1), (1, 1),
+                             group=groups)
+    _close(y, want, terms)
+
+
 def test_which_convs_take_the_grouped_kernel():
     wt = RNG.standard_normal((8, 1, 3, 3)).astype(np.float32)
     g = parse_graph(_conv_text((1, 5, 5, 8), wt.shape, (1, 1), (1,) * 4, (1, 1), 8,
