@@ -107,14 +107,15 @@ def convert_lrn(cx: NodeContext):
     the window cut at the channel ends: the squares padded with zeros along the
     channels, summed over `size` shifted slices."""
     x = cx.x
-    if x.dtype not in ("f32", "f64") or x.type.rank < 3 or x.shape[1] is None:
+    if x.dtype not in ("f32", "f64") or x.shape[1] is None:
         raise Fallback(f"LRN over {x.type}")
     size = int(cx.attr("size", 0))
-    if size < 1:
-        raise InvalidModelError(f"{cx.describe}: LRN size {size}")
+    if size < 1 or size % 2 == 0 or x.type.rank != 4:
+        # onnxruntime takes odd sizes over 4-d inputs only, and braze refuses what it does
+        raise InvalidModelError(f"{cx.describe}: LRN of size {size} over a rank-"
+                                f"{x.type.rank} input (onnxruntime takes odd sizes, 4-d)")
     alpha, beta = float(cx.attr("alpha", 1e-4)), float(cx.attr("beta", 0.75))
     bias = float(cx.attr("bias", 1.0))
-    channels = x.shape[1]
     before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
     square = cx.op("mul", x, x)
     pads = [0] * (2 * x.type.rank)

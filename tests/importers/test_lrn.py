@@ -30,12 +30,8 @@ def test_lrn_matches_onnxruntime(size, shape):
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
 
 
-def test_lrn_of_even_size_and_other_ranks_follows_the_spec():
-    # onnxruntime takes only odd sizes on 4-d inputs; the spec's formula, in float64
-    size, shape = 4, (1, 7, 9)
+@pytest.mark.parametrize("size,shape", [(4, (1, 7, 9, 3)), (3, (1, 7, 9)), (0, (1, 3, 2, 2))])
+def test_lrn_onnxruntime_refuses_is_refused(size, shape):
     model, x = _model(size, shape)
-    sq = np.pad(x.astype(np.float64) ** 2, ((0, 0), (1, 2), (0, 0)))
-    window = sum(sq[:, j:j + shape[1]] for j in range(size))
-    want = x / (1.5 + 2e-3 / size * window) ** 0.6
-    got = bridge.compile_onnx(model, allow_fallback=False)(x)[0]
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    with pytest.raises(bridge.InvalidModelError, match="LRN of size"):
+        bridge.compile_onnx(model)(x)
