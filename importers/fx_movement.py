@@ -272,15 +272,6 @@ def _index(cx: Ctx, x, indices):
     return cx.op("gather", x, idx, axis=d)
 
 
-@converts(aten.gather.default)
-def _gather(cx: Ctx, x, dim, index, sparse_grad=False):
-    """take_along_axis as one flat gather (importers/scans.py)."""
-    from importers.scans import take_along_axis_ir
-
-    if x.type.rank == 0 or not x.type.static or not index.type.static:
-        raise Fallback("torch.gather of a 0-d or dynamic tensor")
-    return take_along_axis_ir(cx, x, index, norm_dim(dim, x.type.rank), negative=False)
-
 
 @converts(aten.cumsum.default)
 def _cumsum(cx: Ctx, x, dim, dtype=None):

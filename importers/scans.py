@@ -7,13 +7,14 @@ for floats a different (tree-like) summation order than a running sum. exclusive
 shifts the result by one (the first element 0), reverse flips the axis before and
 after (a slice with step -1).
 
-take_along_axis (ONNX GatherElements, torch.gather) reads data at a flat index:
+take_along_axis (ONNX GatherElements) reads data at a flat index:
   flat[i...] = idx[i...] * stride[axis] + sum over d != axis of i_d * stride[d]
 the second sum a constant array the shape of idx; a negative index counts from the
-end (ONNX), and an index out of range is reported by the flat gather's bounds check
-only when it leaves the whole tensor (torch and onnxruntime report every one), so the
-index is first mapped to n where it is out of [-n, n) (or [0, n) for torch), which
-makes the flat index out of range too: the gather raises braze's IndexError.
+end, and an index out of range would be reported by the flat gather's bounds check
+only when it leaves the whole tensor (onnxruntime reports every one), so the index is
+first mapped to n where it is out of [-n, n) (or [0, n) where negatives are invalid),
+which makes the flat index out of range too: the gather raises braze's IndexError.
+(torch.gather is not converted: torch raises RuntimeError for a bad index.)
 """
 
 from __future__ import annotations

@@ -296,6 +296,8 @@ def convert_cumsum(cx: NodeContext):
         raise InvalidModelError(f"{cx.describe}: axis must be one integer")
     if not x.type.static or x.dtype == "bool":
         raise Fallback(f"CumSum over {x.type}")
+    if not -x.type.rank <= axis[0] < x.type.rank:  # onnxruntime loads it, fails at run time
+        raise Fallback(f"axis {axis[0]} out of range for rank {x.type.rank}")
     return [cumsum_ir(cx, x, cx.axis(axis[0], x.type.rank),
                       exclusive=bool(cx.attr("exclusive", 0)),
                       reverse=bool(cx.attr("reverse", 0)))]

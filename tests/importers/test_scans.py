@@ -70,15 +70,16 @@ def test_gather_elements_out_of_range_raises():
 
 
 class _Positions(torch.nn.Module):
-    """RoBERTa's position ids: a cumsum over the mask, and a gather."""
+    """RoBERTa's position ids: a cumsum over the mask. (torch.gather stays on torch: for
+    an index out of range torch raises RuntimeError, braze's kernels an IndexError.)"""
 
     def forward(self, ids, table):
         mask = ids.ne(1).int()
         pos = torch.cumsum(mask, dim=1).type_as(mask) * mask + 1
-        return torch.gather(table, 1, pos.long()) * 2.0, torch.cumsum(table, -1)
+        return pos, torch.cumsum(table, -1)
 
 
-def test_torch_cumsum_and_gather_run_compiled():
+def test_torch_cumsum_runs_compiled():
     ids = torch.tensor([[0, 5, 7, 1, 1, 9, 4, 2]])
     table = torch.randn(1, 16)
     model = _Positions()
