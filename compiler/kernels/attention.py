@@ -308,12 +308,8 @@ class _Block:
     def _score_tile(self, b, tile, keys: int) -> None:
         """Key tile `tile` (its first `keys` keys valid): the block's scores (+ mask, -inf
         past the keys) into the score rows at the tile's keys."""
-        d, t, row = self.shape.d, self.t, self.shape.score_floats
-        narrow = dataclasses.replace(t, nv=-(-keys // t.vec))
-        qrows = [self._at(self.q, _i64(r * d)) for r in range(self.rows)]
-        accs = gemm.accumulate(b, narrow, self.rows, self.kpack, b.mul(tile, _i64(d)), 1, d,
-                               lambda b, kk: qrows, row_floats=t.nr)
-        key0 = b.mul(tile, _i64(t.nr))
+        t, row = self.t, self.shape.score_floats
+        narrow, accs, key0 = self._qk(b, tile, keys)
         for r in range(self.rows):
             xs = self._scores(b, r, accs[r * narrow.nv:(r + 1) * narrow.nv], key0, keys)
             for v, x in enumerate(xs):
@@ -390,17 +386,22 @@ class _Block:
 
         counted_loop(b, _i64(0), _i64(self.rows), copy)
 
-    def _tile(self, b, tile, keys: int) -> None:
-        """Key tile `tile` (its first `keys` keys valid): the block's scores on the
-        micro-kernel (Q rows x K^T's panel, as many vectors as hold the keys), each row's
-        online-softmax step on the score vectors, then P x V on the micro-kernel again
-        (P's rows x V's panels, `keys` steps) into the output rows."""
+    def _qk(self, b, tile, keys: int):
+        """Q's block rows x K^T's panel `tile` on the micro-kernel, as many vectors as hold
+        the `keys` valid keys: (the narrowed tile, its accumulators, the tile's first key)."""
         d, t = self.shape.d, self.t
         narrow = dataclasses.replace(t, nv=-(-keys // t.vec))
         qrows = [self._at(self.q, _i64(r * d)) for r in range(self.rows)]
         accs = gemm.accumulate(b, narrow, self.rows, self.kpack, b.mul(tile, _i64(d)), 1, d,
                                lambda b, kk: qrows, row_floats=t.nr)
-        key0 = b.mul(tile, _i64(t.nr))
+        return narrow, accs, b.mul(tile, _i64(t.nr))
+
+    def _tile(self, b, tile, keys: int) -> None:
+        """Key tile `tile` (its first `keys` keys valid): the block's scores on the
+        micro-kernel (Q rows x K^T's panel, as many vectors as hold the keys), each row's
+        online-softmax step on the score vectors, then P x V on the micro-kernel again
+        (P's rows x V's panels, `keys` steps) into the output rows."""
+        narrow, accs, key0 = self._qk(b, tile, keys)
         for r in range(self.rows):
             self._softmax_step(b, r, accs[r * narrow.nv:(r + 1) * narrow.nv], key0, keys)
         self._update_output(b, key0, keys)
