@@ -1,4 +1,5 @@
-"""1-d and 3-d windows as 2-d ones: convolutions and pooling the CPU kernels run.
+"""1-d and 3-d windows as 2-d ones: convolutions and pooling the CPU kernels run; and
+conv taps that only ever read padding dropped (`trim_taps`).
 
 braze's window kernels (compiler/kernels/conv.py, grouped.py, the pooling rows) are
 written for 2-d images in channels-last layout. Other ranks become 2-d windows plus
@@ -54,12 +55,49 @@ def lower_windows(graph: Graph, target: str = "cpu") -> bool:
         return False
     changed = False
     for node in list(graph.nodes):
+        changed |= trim_taps(graph, node)
         if _refusal(node) is None:
             lowered = _LOWER[(node.op, node.inputs[0].type.rank)](graph, node)
             graph.replace_all_uses(node.output, lowered)
             graph.remove_node(node)
             changed = True
+    if changed:
+        graph.remove_dead()  # the untrimmed weights
     return changed
+
+
+def trim_taps(graph: Graph, node: Node) -> bool:
+    """Drop a conv's kernel taps that read only padding at every output position (a
+    dilated conv wider than its image: DeepLab's ASPP at dilation 24 and 36 on a 14 x 14
+    map reads nothing but its centre tap); in place, whether it changed. Tap k of a
+    spatial dim reads input o*s - p + k*d for output o: those in [0, H) for some o are a
+    contiguous run [k0, k1]; the kept taps start k0*d later, so the leading pad shrinks
+    by that, and the trailing pad keeps the output size."""
+    if node.op != "conv" or node.attrs.get("layout", "NCHW") != "NCHW" \
+            or not node.inputs[1].is_const or not node.inputs[0].type.static:
+        return False
+    x, w = node.inputs[:2]
+    a = node.attrs
+    n = len(x.shape) - 2
+    keep, pads = [], [0] * (2 * n)
+    for i in range(n):
+        size, k = x.shape[2 + i], w.shape[2 + i]
+        s, d, p = a["strides"][i], a["dilations"][i], a["pads"][i]
+        outs = node.output.shape[2 + i]
+        valid = [t for t in range(k) if any(0 <= o * s - p + t * d < size for o in range(outs))]
+        if not valid:
+            return False  # an all-padding window: leave it to the kernel
+        k0, k1 = valid[0], valid[-1]
+        keep.append((k0, k1))
+        pads[i] = p - k0 * d
+        pads[n + i] = (outs - 1) * s + d * (k1 - k0) + 1 - size - pads[i]
+    if all(k0 == 0 and k1 == w.shape[2 + i] - 1 for i, (k0, k1) in enumerate(keep)) \
+            or any(q < 0 for q in pads):
+        return False
+    kept = w.const_value[(slice(None), slice(None)) + tuple(slice(k0, k1 + 1) for k0, k1 in keep)]
+    graph.set_input(node, 1, new_const(graph, node, kept, f"{w.name}.trimmed"))
+    node.attrs["pads"] = tuple(pads)
+    return True
 
 
 def _refusal(node: Node) -> str | None:

@@ -198,3 +198,21 @@ def test_pool1d_matches_torch(op):
         lambda t, *a: torch.nn.functional.avg_pool1d(t, *a, count_include_pad=False)
     want = f(torch.from_numpy(x).double(), 3, 2, 1).numpy()
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dil,pad,size", [(24, 24, 14), (12, 12, 14), (36, 36, 14), (6, 6, 9)])
+def test_taps_that_read_only_padding_are_dropped(dil, pad, size):
+    # DeepLab's ASPP: a 3x3 conv at dilation 24 on a 14 x 14 map reads only its centre
+    x = RNG.standard_normal((1, 8, size, size)).astype(np.float32)
+    w = RNG.standard_normal((6, 8, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(6).astype(np.float32)
+    attrs = dict(kernel_shape=[3, 3], pads=[pad] * 4, dilations=[dil, dil])
+    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w, b), allow_fallback=False)
+    got = m(x)[0]
+    conv = next(n for n in next(iter(m._specs.values())).plan.graph.nodes if n.op == "conv")
+    if dil >= size:
+        assert conv.inputs[1].shape[2:] == (1, 1)  # only the centre tap left
+    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                      torch.from_numpy(b).double(), padding=pad,
+                                      dilation=dil).numpy()
+    _close(got, want, 8 * 9)
