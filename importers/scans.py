@@ -12,8 +12,7 @@ take_along_axis (ONNX GatherElements) reads data at a flat index:
 the second sum a constant array the shape of idx; a negative index counts from the
 end, and an index out of range would be reported by the flat gather's bounds check
 only when it leaves the whole tensor (onnxruntime reports every one), so the index is
-first mapped to n where it is out of [-n, n) (or [0, n) where negatives are invalid),
-which makes the flat index out of range too: the gather raises braze's IndexError.
+first mapped to n where it is out of [-n, n), which makes the flat index out of range too: the gather raises braze's IndexError.
 (torch.gather is not converted: torch raises RuntimeError for a bad index.)
 """
 
@@ -57,9 +56,9 @@ def cumsum_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False):
     return y
 
 
-def take_along_axis_ir(cx, data, idx, axis: int, negative: bool):
-    """data read along `axis` at idx (same rank; module doc). `negative`: indices in
-    [-n, n) count from the end (ONNX); else only [0, n) is valid (torch)."""
+def take_along_axis_ir(cx, data, idx, axis: int):
+    """data read along `axis` at idx (same rank; module doc); indices in [-n, 0) count
+    from the end."""
     shape, ishape = data.shape, idx.shape
     n = shape[axis]
     strides = np.cumprod((shape[1:] + (1,))[::-1])[::-1].astype(np.int64)
@@ -67,9 +66,8 @@ def take_along_axis_ir(cx, data, idx, axis: int, negative: bool):
     base = sum(grid[d] * strides[d] for d in range(len(shape)) if d != axis)
     base = np.asarray(base, dtype=np.int64).reshape(ishape)
     i = cx.cast(idx, "i64")
-    if negative:
-        below = cx.op("lt", i, cx.scalar(0, "i64"))
-        i = cx.op("select", below, cx.op("add", i, cx.scalar(n, "i64")), i)
+    below = cx.op("lt", i, cx.scalar(0, "i64"))
+    i = cx.op("select", below, cx.op("add", i, cx.scalar(n, "i64")), i)
     bad = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")),
                 cx.op("ge", i, cx.scalar(n, "i64")))
     total = int(np.prod(shape))

@@ -12,8 +12,8 @@ Two lowerings onto the direct conv braze compiles:
   tap, so y is a 1x1 conv producing Cout * prod(s) channels, its channels (o, k...)
   then moved to the pixels (a depth-to-space): no product is wasted.
 - Otherwise, the equivalent direct conv: the input with s - 1 zeros between its
-  elements, padded by d*(K-1) - p on each side (plus the output padding at the end;
-  a negative pad is a crop), convolved at stride 1 and dilation d with the kernel
+  elements, padded by d*(K-1) - p on each side (plus the output padding at the end; the
+  conv's own padding, a negative pad a crop), convolved at stride 1 and dilation d with the kernel
   flipped in space and its in/out channels swapped within each group. This multiplies
   the inserted zeros too (prod(s) times the products the output needs).
 
@@ -83,19 +83,12 @@ def _zero_inserted(cx, x, w: np.ndarray, b, strides, pads, dilations, output_pad
     k = w.shape[2:]
     for axis in range(n):
         x = _spread(cx, x, 2 + axis, strides[axis])
-    begin, end, crop = [], [], False
+    begin, end = [], []
     for i in range(n):
         reach = dilations[i] * (k[i] - 1)
         begin.append(reach - pads[i])
         end.append(reach - pads[n + i] + output_padding[i])
-    if any(v < 0 for v in begin + end):
-        crop = True
-    if any(begin + end):
-        grow = [max(v, 0) for v in begin], [max(v, 0) for v in end]
-        if any(grow[0] + grow[1]):
-            x = cx.op("pad", x, pads=(0, 0, *grow[0], 0, 0, *grow[1]), mode="constant",
-                      value=0.0)
-    if crop:
+    if any(v < 0 for v in begin + end):  # a pad wider than the kernel's reach: a crop
         starts = [0, 0] + [max(-v, 0) for v in begin]
         sizes = list(x.shape[:2]) + [x.shape[2 + i] - max(-begin[i], 0) - max(-end[i], 0)
                                      for i in range(n)]
@@ -106,7 +99,9 @@ def _zero_inserted(cx, x, w: np.ndarray, b, strides, pads, dilations, output_pad
     inputs = [x, cx.const(np.ascontiguousarray(flipped))]
     if b is not None:
         inputs.append(cx.const(np.asarray(b)))
-    return cx.op("conv", *inputs, strides=(1,) * n, pads=(0,) * (2 * n),
+    # the rest of the padding is the conv's own (its kernel reads it, nothing is copied)
+    conv_pads = tuple(max(v, 0) for v in begin) + tuple(max(v, 0) for v in end)
+    return cx.op("conv", *inputs, strides=(1,) * n, pads=conv_pads,
                  dilations=tuple(dilations), group=group)
 
 

@@ -282,7 +282,7 @@ def convert_gather_elements(cx: NodeContext):
     axis = cx.axis(cx.attr("axis", 0), data.type.rank)
     if any(i > d for a, (i, d) in enumerate(zip(idx.shape, data.shape)) if a != axis):
         raise InvalidModelError(f"{cx.describe}: indices {idx.shape} exceed data {data.shape}")
-    return [take_along_axis_ir(cx, data, idx, axis, negative=True)]
+    return [take_along_axis_ir(cx, data, idx, axis)]
 
 
 @converter("CumSum", 11)
