@@ -3,7 +3,10 @@ other operands (cpu.Renderer._register_epilogue)."""
 
 from __future__ import annotations
 
+from llvmlite import ir
+
 from compiler.codegen.mathlib import FAST_F32
+from compiler.codegen.symbols import declare
 from compiler.codegen.ops_llvm import binary_float
 from compiler.ir import Value
 from compiler.ops import facets
@@ -36,12 +39,24 @@ def operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
     return None
 
 
-def operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype):
+def operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype, mask=None):
     """The lanes of `u` for one output vector of type `vtype` (element offset `off` of the
-    root, channel `col`), per `operand_kind`."""
+    root, channel `col`), per `operand_kind`; with `mask` (a vector of i1), only the lanes
+    it sets are read (the others are zero)."""
     kind = operand_kind(u, root, ptrs)
     if kind == "scalar":
         return gemm.splat_constant(b, u.const_value.reshape(-1)[0], vtype)
     ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
                 inbounds=True)
-    return b.load(ptr, typ=vtype, align=4)
+    if mask is None:
+        return b.load(ptr, typ=vtype, align=4)
+    return masked_load(b, ptr, vtype, mask)
+
+
+def masked_load(b, ptr, vtype, mask):
+    """llvm.masked.load of `vtype` at `ptr`: the lanes `mask` sets, zero in the others
+    (AVX-512 and AVX2 have the instruction; LLVM splits it into guarded loads elsewhere)."""
+
+    name = f"llvm.masked.load.v{vtype.count}f32.p0"  # LLVM 22's form: no alignment
+    fn = declare(b.module, name, vtype, [gemm.PTR, mask.type, vtype])
+    return b.call(fn, [ptr, mask, ir.Constant(vtype, None)])

@@ -356,9 +356,9 @@ class _Block:
                 off = b.add(base, _i64(col))
                 if lanes == t.vec:
                     _store_vec(b, x, self._at(self.out_ptr, off))
-                for lane in range(lanes if lanes < t.vec else 0):
-                    b.store(b.extract_element(x, ir.Constant(I32, lane)),
-                            self._at(self.out_ptr, b.add(off, _i64(lane))))
+                else:
+                    gemm.store_lanes(b, x, lanes, lambda i, off=off: self._at(
+                        self.out_ptr, b.add(off, _i64(i))))
 
     def _copy_query(self, b, r) -> None:
         """Query row r times the scale into the block's scratch (the scores then need no

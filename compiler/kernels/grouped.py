@@ -31,8 +31,9 @@ columns are cut at compile time into tiles as even as TILE allows (`column_tiles
 tile holding border columns reads only their taps inside the image, a run of interior
 tiles is a loop. The last
 vector of a channel count that is not a multiple of the width loads and stores under a
-mask. The epilogue runs on the registers (`apply`) for whole `vec`-wide vectors, else
-in place after the store (`after`).
+mask. The epilogue runs on the registers (`apply`; the last vector's operands read
+through a mask) where the vectors are `vec` wide, else in place after the store
+(`after`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler.codegen.lowering import counted_loop
+from compiler.kernels import gemm
 from compiler.kernels.gemm import F32, I32, I64, PTR
 
 # Output pixels per register tile: TILE accumulators, plus a weight vector and a tile's
@@ -290,10 +292,13 @@ def _load_lanes(b: ir.IRBuilder, ptr, lanes: int, valid: int):
 
 
 def _store_lanes(b: ir.IRBuilder, vec, ptr, lanes: int, valid: int) -> None:
+    """The first `valid` of `lanes` lanes at ptr (gemm.store_lanes: power-of-two runs, no
+    masked store)."""
     if valid >= lanes:
         b.store(vec, ptr, align=4)
         return
-    b.call(_masked(b, "store", lanes), [vec, ptr, _mask(lanes, valid)])
+    gemm.store_lanes(b, vec, valid,
+                     lambda i: b.gep(ptr, [_i64(i)], source_etype=F32, inbounds=True))
 
 
 @dataclass
@@ -311,8 +316,8 @@ class _Row:
 def emit_item(b: ir.IRBuilder, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, item,
               apply=None, after=None) -> None:
     """Compute work item `item`: one output row's pixels for CHUNK vectors of channels.
-    `apply(b, vec, off, col) -> vec` (the epilogue on an `s.vec`-lane vector of output
-    element offset `off`, channel `col`) and `after(b, pixel, col0, cols)` (the epilogue
+    `apply(b, vec, off, col, mask) -> vec` (the epilogue on an `s.vec`-lane vector of
+    output element offset `off`, channel `col`; `mask`: its lanes below Cout, or None) and `after(b, pixel, col0, cols)` (the epilogue
     in place over a pixel's stored channels), either may be None."""
     emitter = _Emitter(b, s, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after)
     chunk = b.urem(item, _i64(s.chunks))
@@ -449,9 +454,9 @@ class _Emitter:
             pixel = b.add(first, _i64(p))
             off = b.add(b.mul(pixel, _i64(s.cout)), col)
             whole = row.valid == s.width
-            if self.apply is not None and whole:
-                x = self.apply(b, x, off, col)
+            if self.apply is not None:  # the last vector's operands: its lanes below Cout
+                x = self.apply(b, x, off, col, None if whole else _mask(s.width, row.valid))
             _store_lanes(b, x, b.gep(self.y, [off], source_etype=F32, inbounds=True),
                          s.width, row.valid)
-            if self.after is not None and not (self.apply is not None and whole):
+            if self.after is not None and self.apply is None:
                 self.after(b, pixel, col, _i64(row.valid))

@@ -387,6 +387,25 @@ def test_pointwise_conv_rows_4k_apart_match_torch(x_shape, strides):
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3", "cpu:x86-64-v2"])
+@pytest.mark.parametrize("cout", [72, 38])
+def test_epilogue_on_registers_where_channels_are_not_whole_vectors(cout, spec):
+    """With Cout not a multiple of the vector (72 = 4.5 AVX-512 vectors, 38 = 4.75 AVX2
+    ones, 9.5 SSE ones), residual add + ReLU still run on the accumulator vectors: the vector holding
+    the last channels reads the residual through a mask (every read in bounds, the last
+    row of the tensor too), and no scalar pass over the stored tile is left (one ran the
+    whole conv at half speed). Every target runs here and matches torch."""
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((cout, 16, 1, 1)).astype(np.float32)
+    g, y_shape = _residual_block((1, 7, 9, 16), w, (0, 0, 0, 0))
+    cg = CpuStep(compile_graph(g, target=spec))
+    vec = 16 if spec == "cpu" and host().vec == 16 else {"cpu:znver3": 8}.get(spec, 4)
+    assert ("llvm.masked.load" in cg.llvm_ir) == bool(cout % vec)
+    assert f"llvm.maximum.v{vec}f32" in cg.llvm_ir
+    assert "llvm.maximum.f32" not in cg.llvm_ir  # the scalar pass over the stored tile
+    _check_residual_block(cg, rng, (1, 7, 9, 16), y_shape, w, (0, 0, 0, 0))
+
+
 @pytest.mark.parametrize("cout", [104, 40, 208])
 def test_narrowed_last_panel_conv_with_residual_matches_torch(cout):
     """A 1x1 and a 3x3 conv whose last channel panel runs the narrowed tile (gemm.Tile
