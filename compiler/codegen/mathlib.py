@@ -89,12 +89,25 @@ def _fast(instr):
 
 
 def _poly(b: ir.IRBuilder, x, coeffs: list[float]):
-    """Horner: coeffs[0] + x * (coeffs[1] + x * (...))."""
+    """coeffs[0] + coeffs[1] x + coeffs[2] x^2 + ..., by Estrin's scheme: pairs c0 + c1 x,
+    then pairs of those with x^2, then with x^4: a chain of about log2(degree) + 1
+    multiply-adds where Horner's is `degree` long. The functions here run on a GEMM
+    tile's accumulators just after its K loop, where on AVX2 the 16 registers hold few
+    chains at once: SiLU after a 112x112 16 -> 96 1x1 conv, 1 thread, min of 100: AVX2
+    1189 -> 982 us, AVX-512 742 -> 718 us (exp's degree-7 series: 7 dependent FMAs ->
+    4). The functions' error bounds in tests/compiler/test_codegen_math.py hold
+    unchanged."""
     t = x.type
-    acc = _c(b, t, coeffs[-1])
-    for c in reversed(coeffs[:-1]):
-        acc = _fast(b.fadd(_fast(b.fmul(acc, x)), _c(b, t, c)))
-    return acc
+    terms = [_c(b, t, c0) if i + 1 == len(coeffs) else
+             _fast(b.fadd(_fast(b.fmul(x, _c(b, t, coeffs[i + 1]))), _c(b, t, c0)))
+             for i, c0 in enumerate(coeffs) if i % 2 == 0]
+    power = x
+    while len(terms) > 1:
+        power = b.fmul(power, power)
+        terms = [terms[i] if i + 1 == len(terms) else
+                 _fast(b.fadd(_fast(b.fmul(power, terms[i + 1])), terms[i]))
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 def _select_nan(b, x, result):
