@@ -263,14 +263,90 @@ def _no_negative(cx: Ctx, index, n: int):
 
 @converts(aten.index.Tensor)
 def _index(cx: Ctx, x, indices):
+    """x[i] as a gather along i's dim; x[i, j, ...] (several index tensors, broadcast
+    together) as one gather over those dims merged, at the flat index i * n_j + j: where
+    the indexed dims are adjacent the result's broadcast dims stand in their place, else
+    first (torch's rule; the dims are moved to the front). Each index is checked against
+    its own dim (a flat index alone could land inside the tensor): one out of range
+    makes the flat index out of range, which the gather reports (IndexError, as torch)."""
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
-    if len(given) != 1:
-        raise Fallback(f"advanced indexing with {len(given)} index tensors")
-    d, idx = given[0]
-    if idx.dtype not in ("i32", "i64"):
-        raise Fallback(f"{idx.dtype} index (a mask gives a data-dependent shape)")
-    return cx.op("gather", x, idx, axis=d)
+    if any(i.dtype not in ("i32", "i64") for _, i in given):
+        raise Fallback("a bool index (a mask gives a data-dependent shape)")
+    if len(given) == 1:
+        d, idx = given[0]
+        return cx.op("gather", x, idx, axis=d)
+    if not x.type.static:
+        raise Fallback("advanced indexing with several index tensors of a dynamic tensor")
+    dims = [d for d, _ in given]
+    if dims != list(range(dims[0], dims[0] + len(dims))):  # apart: they go first
+        rest = [d for d in range(x.type.rank) if d not in dims]
+        x = cx.op("transpose", x, perm=tuple(dims + rest))
+        dims = list(range(len(dims)))
+    sizes = [x.shape[d] for d in dims]
+    merged = int(np.prod(sizes, dtype=np.int64))
+    flat, bad = None, None
+    for (_, idx), n, stride in zip(given, sizes,
+                                   np.cumprod([1] + sizes[::-1])[-2::-1].tolist()):
+        i = cx.cast(idx, "i64")
+        i = cx.op("select", cx.op("lt", i, cx.scalar(0, "i64")),
+                  cx.op("add", i, cx.scalar(n, "i64")), i)
+        out = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")),
+                    cx.op("ge", i, cx.scalar(n, "i64")))
+        term = cx.op("mul", i, cx.scalar(int(stride), "i64"))
+        flat = term if flat is None else cx.op("add", flat, term)
+        bad = out if bad is None else cx.op("or", bad, out)
+    flat = cx.op("select", bad, cx.scalar(merged, "i64"), flat)
+    shape = x.shape[:dims[0]] + (merged,) + x.shape[dims[-1] + 1:]
+    return cx.reshape(cx.op("gather", cx.reshape(x, shape), flat, axis=dims[0]),
+                      cx.out().shape)
 
+
+@converts(aten.slice_scatter.default)
+def _slice_scatter(cx: Ctx, x, src, dim=0, start=None, end=None, step=1):
+    """x with src written over x[start:end:step] along dim: a gather from x and src side
+    by side (importers/scans.py), the positions known now."""
+    from importers.scans import scatter_nd_ir
+
+    if step < 1:
+        raise Fallback(f"slice_scatter step {step}")
+    d = norm_dim(dim, x.type.rank)
+    lo, n = slice_bounds(x.shape[d], start, end, step)
+    along = lo + step * np.arange(n, dtype=np.int64)
+    return _scatter_along(cx, x, src, d, along.reshape(
+        [-1 if k == d else 1 for k in range(x.type.rank)]), scatter_nd_ir)
+
+
+@converts(aten.select_scatter.default)
+def _select_scatter(cx: Ctx, x, src, dim, index):
+    """x with src written over x.select(dim, index) (as slice_scatter)."""
+    from importers.scans import scatter_nd_ir
+
+    d = norm_dim(dim, x.type.rank)
+    n = x.shape[d]
+    if not -n <= index < n:
+        raise Fallback(f"select_scatter index {index} out of range for size {n}")
+    src = cx.reshape(src, tuple(1 if k == d else x.shape[k] for k in range(x.type.rank)))
+    return _scatter_along(cx, x, src, d, np.array(index % n, dtype=np.int64).reshape(
+        [1] * x.type.rank), scatter_nd_ir)
+
+
+def _scatter_along(cx: Ctx, x, src, d: int, along: np.ndarray, scatter_nd_ir):
+    """x with src (x's shape but along `d`) written where `along` (positions along d,
+    broadcast over the other dims) says."""
+    if not x.type.static or not src.type.static:
+        raise Fallback("a scatter into a dynamic tensor")
+    grid = list(np.indices(src.shape, dtype=np.int64))
+    grid[d] = np.broadcast_to(along, src.shape)
+    positions = np.ravel_multi_index(tuple(grid), x.shape).astype(np.int64)
+    return scatter_nd_ir(cx, x, cx.cast(src, x.dtype), positions)
+
+
+@converts(aten.copy.default)
+def _copy(cx: Ctx, x, src, non_blocking=False):
+    """The functional copy_: src in x's dtype, broadcast to x's shape."""
+    out = cx.out()
+    y = cx.cast(src, out.dtype)
+    return y if tuple(y.shape) == tuple(out.shape) else cx.op("broadcast", y, shape=out.shape)
 
 
 @converts(aten.cumsum.default)

@@ -14,6 +14,13 @@ end, and an index out of range would be reported by the flat gather's bounds che
 only when it leaves the whole tensor (onnxruntime reports every one), so the index is
 first mapped to n where it is out of [-n, n), which makes the flat index out of range too: the gather raises braze's IndexError.
 (torch.gather is not converted: torch raises RuntimeError for a bad index.)
+
+scatter_nd (ONNX ScatterND, and ScatterElements) with constant indices is a gather too: where each update
+lands is known at compile time, so the output reads, at each flat position, either the
+data or the update written there last (reduction "none": one gather from data and
+updates side by side, `scatter_nd_ir`), or the data combined with the updates written
+there (add, mul, max, min: one gather of the updates per write to the same position,
+in order, the positions no update reaches reading the reduction's identity).
 """
 
 from __future__ import annotations
@@ -76,3 +83,84 @@ def take_along_axis_ir(cx, data, idx, axis: int):
     flat_i = cx.op("select", bad, cx.scalar(total, "i64"), flat_i)
     flat = cx.reshape(data, (total,))
     return cx.op("gather", flat, flat_i, axis=0)
+
+
+# Writes to one position a reducing ScatterND may make (one gather each, in order).
+SCATTER_MAX_REPEATS = 8
+_REDUCE = {"add": "add", "mul": "mul", "max": "max", "min": "min"}
+
+
+def scatter_positions(data_shape, indices: np.ndarray) -> np.ndarray:
+    """The flat positions of data each update element writes, in update order (shape
+    updates.shape); ValueError for an index out of [-n, n)."""
+    k = indices.shape[-1]
+    lead = tuple(data_shape[:k])
+    idx = indices.reshape(-1, k).astype(np.int64)
+    dims = np.asarray(lead, dtype=np.int64)
+    if np.any(idx < -dims) or np.any(idx >= dims):
+        raise ValueError("an index out of range")
+    idx = np.where(idx < 0, idx + dims, idx)
+    inner = int(np.prod(data_shape[k:], dtype=np.int64))
+    slots = np.ravel_multi_index(tuple(idx.T), lead) if k else np.zeros(len(idx), np.int64)
+    pos = slots[:, None] * inner + np.arange(inner, dtype=np.int64)[None, :]
+    return pos.reshape(indices.shape[:-1] + tuple(data_shape[k:]))
+
+
+def scatter_elements_positions(data_shape, indices: np.ndarray, axis: int) -> np.ndarray:
+    """ONNX ScatterElements' writes as flat positions of data (shape indices.shape): each
+    update goes to its own place but along `axis`, where the index says; ValueError for
+    an index out of [-n, n)."""
+    n = data_shape[axis]
+    idx = indices.astype(np.int64)
+    if np.any(idx < -n) or np.any(idx >= n):
+        raise ValueError("an index out of range")
+    grid = list(np.indices(indices.shape, dtype=np.int64))
+    grid[axis] = np.where(idx < 0, idx + n, idx)
+    return np.ravel_multi_index(tuple(grid), data_shape).astype(np.int64)
+
+
+def scatter_nd_ir(cx, data, updates, positions: np.ndarray, reduction: str = "none"):
+    """data with `updates` written at flat `positions` (scatter_positions), reduced by
+    `reduction` (module doc)."""
+    total = int(np.prod(data.shape, dtype=np.int64))
+    flat = cx.reshape(data, (total,))
+    writes = positions.reshape(-1)
+    n_upd = writes.size
+    flat_upd = cx.reshape(updates, (n_upd,))
+    if reduction == "none":
+        source = np.arange(total, dtype=np.int64)
+        source[writes] = total + np.arange(n_upd, dtype=np.int64)  # the last write wins
+        both = cx.op("concat", flat, flat_upd, axis=0)
+        return cx.reshape(cx.op("gather", both, cx.const(source), axis=0), data.shape)
+    # the k-th write to each position, for k = 0, 1, ...; n_upd: none (the identity)
+    order = np.argsort(writes, kind="stable")
+    counts = np.bincount(writes, minlength=total)
+    if counts.max(initial=0) > SCATTER_MAX_REPEATS:
+        raise ValueError(f"more than {SCATTER_MAX_REPEATS} writes to one position")
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.empty(n_upd, dtype=np.int64)
+    rank[order] = np.arange(n_upd) - start[writes[order]]
+    identity = _identity(reduction, updates.dtype)
+    padded = cx.op("concat", flat_upd, cx.const(identity), axis=0)
+    out = flat
+    for k in range(int(counts.max(initial=0))):
+        source = np.full(total, n_upd, dtype=np.int64)
+        hit = rank == k
+        source[writes[hit]] = np.nonzero(hit)[0]
+        out = cx.op(_REDUCE[reduction], out, cx.op("gather", padded, cx.const(source), axis=0))
+    return cx.reshape(out, data.shape)
+
+
+def _identity(reduction: str, dtype: str) -> np.ndarray:
+    """A one-element array of `dtype` (braze's name): the reduction's identity."""
+    from compiler import dtypes
+
+    dt = np.dtype(dtypes.to_numpy(dtype))
+    if reduction in ("add", "mul"):
+        return np.array([0 if reduction == "add" else 1], dtype=dt)
+    if dt.kind == "f":
+        return np.array([-np.inf if reduction == "max" else np.inf], dtype=dt)
+    if dt.kind == "b":
+        return np.array([reduction == "min"], dtype=dt)
+    info = np.iinfo(dt)
+    return np.array([info.min if reduction == "max" else info.max], dtype=dt)

@@ -285,6 +285,61 @@ def convert_gather_elements(cx: NodeContext):
     return [take_along_axis_ir(cx, data, idx, axis)]
 
 
+@converter("ScatterND", 11)
+def convert_scatter_nd(cx: NodeContext):
+    """Constant indices: a gather of data and updates (importers/scans.py); reduction
+    (16: add, mul; 18: max, min) gathers each write to a position in turn."""
+    from importers.scans import scatter_nd_ir, scatter_positions
+
+    data, indices, updates = cx.inputs
+    idx = cx.const_input(1, "indices")
+    if not data.type.static or not updates.type.static:
+        raise Fallback("ScatterND needs static shapes")
+    k = idx.shape[-1] if idx.ndim else 0
+    if idx.ndim == 0 or k > data.type.rank:
+        raise InvalidModelError(f"{cx.describe}: indices of shape {idx.shape} for data "
+                                f"of rank {data.type.rank}")
+    want = tuple(idx.shape[:-1]) + tuple(data.shape[k:])
+    if tuple(updates.shape) != want:
+        raise InvalidModelError(f"{cx.describe}: updates of shape {updates.shape}, "
+                                f"expected {want}")
+    reduction = cx.attr("reduction", "none")
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        raise InvalidModelError(f"{cx.describe}: unknown reduction {reduction!r}")
+    try:
+        positions = scatter_positions(data.shape, idx)
+        return [scatter_nd_ir(cx, data, updates, positions, reduction)]
+    except ValueError as e:  # onnxruntime reports it when the node runs
+        raise Fallback(f"ScatterND: {e}") from None
+
+
+@converter("ScatterElements", 11)
+def convert_scatter_elements(cx: NodeContext):
+    """Constant indices: ScatterND's gathers at the positions the indices name along
+    `axis` (importers/scans.py)."""
+    from importers.scans import scatter_elements_positions, scatter_nd_ir
+
+    data, indices, updates = cx.inputs
+    idx = cx.const_input(1, "indices")
+    if not data.type.static or not updates.type.static:
+        raise Fallback("ScatterElements needs static shapes")
+    rank = data.type.rank
+    if idx.ndim != rank or tuple(updates.shape) != idx.shape or rank == 0:
+        raise InvalidModelError(f"{cx.describe}: indices {idx.shape} and updates "
+                                f"{updates.shape} for data {data.shape}")
+    axis = cx.axis(cx.attr("axis", 0), rank)
+    if any(i > d for a, (i, d) in enumerate(zip(idx.shape, data.shape)) if a != axis):
+        raise InvalidModelError(f"{cx.describe}: indices {idx.shape} exceed data {data.shape}")
+    reduction = cx.attr("reduction", "none")
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        raise InvalidModelError(f"{cx.describe}: unknown reduction {reduction!r}")
+    try:
+        positions = scatter_elements_positions(data.shape, idx, axis)
+        return [scatter_nd_ir(cx, data, updates, positions, reduction)]
+    except ValueError as e:  # onnxruntime reports it when the node runs
+        raise Fallback(f"ScatterElements: {e}") from None
+
+
 @converter("CumSum", 11)
 def convert_cumsum(cx: NodeContext):
     """Prefix sums by Hillis and Steele's log-step scan (importers/scans.py)."""

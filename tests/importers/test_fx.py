@@ -221,3 +221,54 @@ def test_select_is_a_gather_of_one_index_as_onnx_writes_it():
     assert ops.count("gather") == 2 and "slice" not in ops
     np.testing.assert_allclose(_run(imp, [x])[0], (x[2] + x.select(1, -1).sum()).numpy(),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, i, j: x[i, j],  # leading dims
+    lambda x, i, j: x[:, i, j],  # adjacent, after a sliced dim: they stay in place
+    lambda x, i, j: x[i, :, j],  # apart: the broadcast dims go first
+    lambda x, i, j: x[i[:, None], j[None, :]],  # broadcast index tensors
+    lambda x, i, j: x[i, j, i[:2, None] % 3],  # three
+])
+def test_advanced_indexing_with_several_index_tensors_is_one_gather(fn):
+    """x[i, j, ...] as a gather over the indexed dims merged (negative indices too)."""
+    x = torch.randn(4, 5, 6)
+    i = torch.tensor([0, -1, 2, 3])
+    j = torch.tensor([4, 1, -2, 0])
+    _, imp = _import(fn, x, i, j)
+    verify(imp.graph)
+    assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
+    assert "gather" in {n.op for n in imp.graph.nodes}
+    np.testing.assert_array_equal(_run(imp, [x, i, j])[0], fn(x, i, j).numpy())
+
+
+def test_advanced_indexing_out_of_range_raises_like_torch():
+    """An index past its own dim whose flat index would still land inside x: IndexError
+    from the compiled code, as torch raises one."""
+    fn = lambda x, i, j: x[i, j]  # noqa: E731
+    x, i = torch.randn(4, 5), torch.tensor([0, 1])
+    compiled = torch.compile(fn, backend="braze", dynamic=False)
+    with torch.no_grad():
+        np.testing.assert_array_equal(compiled(x, i, torch.tensor([1, 2])).numpy(),
+                                      fn(x, i, torch.tensor([1, 2])).numpy())
+        with pytest.raises(IndexError):
+            fn(x, i, torch.tensor([5, 0]))
+        with pytest.raises(IndexError):
+            compiled(x, i, torch.tensor([5, 0]))  # (0, 5) would be flat element 5
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, s: torch.slice_scatter(x, s[:, :2], dim=1, start=1, end=5, step=2),
+    lambda x, s: torch.slice_scatter(x, s[:3], dim=0, start=-3),
+    lambda x, s: torch.select_scatter(x, s[0], 0, -1),
+    lambda x, s: torch.select_scatter(x, s[:, 0], 1, 2),
+    lambda x, s: aten.copy.default(x, s[0, :1] * 2),  # broadcast into x's shape
+])
+def test_scatters_into_slices_are_gathers(fn):
+    """slice_scatter, select_scatter (torch's functional x[...] = y) and copy: constant
+    positions, one gather from x and the source side by side; no host node."""
+    x, s = torch.randn(4, 6), torch.randn(4, 6)
+    _, imp = _import(fn, x, s)
+    verify(imp.graph)
+    assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
+    np.testing.assert_array_equal(_run(imp, [x, s])[0], fn(x, s).numpy())
