@@ -210,8 +210,13 @@ class ElementEmitter:
             if i1 - i0 == 1 and o1 - o0 == 1:
                 src.append(idx[o0])
                 continue
-            off = linear_index(self.b, idx[o0:o1], n.outputs[0].shape[o0:o1])
-            src += delinearize(self.b, off, x.shape[i0:i1])
+            # a group's map is shared by every element that has its indices (a short
+            # row's unrolled elements: short_rows.py)
+            key = (n, o0, tuple(idx[o0:o1]))
+            if key not in self.memo:
+                off = linear_index(self.b, idx[o0:o1], n.outputs[0].shape[o0:o1])
+                self.memo[key] = delinearize(self.b, off, x.shape[i0:i1])
+            src += self.memo[key]
         return self.at(x, src)
 
     def _transpose(self, n, idx):
