@@ -250,10 +250,13 @@ class Renderer(RowKernels):
         interior of w, the loop splits into the padded edges and that interior."""
         root = k.root
         inner, last = root.shape[-2:]
-        row = b.udiv(o, i64(short.blocks)) if short.blocks > 1 else o
-        first = b.mul(b.urem(o, i64(short.blocks)), i64(short.block))
-        end = b.add(first, i64(short.block))
-        end = b.select(b.icmp_signed("<", end, i64(inner)), end, i64(inner))
+        if short.blocks == 1:
+            row, first, end = o, i64(0), i64(inner)
+        else:
+            row = b.udiv(o, i64(short.blocks))
+            first = b.mul(b.urem(o, i64(short.blocks)), i64(short.block))
+            end = b.add(first, i64(short.block))
+            end = b.select(b.icmp_signed("<", end, i64(inner)), end, i64(inner))
         head = delinearize(b, row, root.shape[:-2])
         start = b.mul(row, i64(inner))
 
