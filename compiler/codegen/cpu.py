@@ -10,8 +10,8 @@ thread of the team its share. One ctypes call runs the cluster.
 
 Loop kernels: the inner loop runs over the root's last dim (or, for a flat
 elementwise kernel, over a block of LOOP_BLOCK linear elements), so it is
-contiguous and the loop vectorizer widens it; where the last dim is shorter than a
-vector, over the dim before it, the short rows unrolled inside (short_rows.py). Row
+contiguous and the loop vectorizer widens it; where the last dim is short (up to 8
+elements, short_rows.py), over the dim before it, each short row unrolled inside. Row
 kernels (reductions with what they read): cpu_rows.py.
 
 `bufs` holds the pointers of the cluster inputs, its outputs, constant
