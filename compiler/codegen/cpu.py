@@ -10,8 +10,9 @@ thread of the team its share. One ctypes call runs the cluster.
 
 Loop kernels: the inner loop runs over the root's last dim (or, for a flat
 elementwise kernel, over a block of LOOP_BLOCK linear elements), so it is
-contiguous and the loop vectorizer widens it. Row kernels (reductions with what
-they read): cpu_rows.py.
+contiguous and the loop vectorizer widens it; where the last dim is short (up to 8
+elements, short_rows.py), over the dim before it, each short row unrolled inside. Row
+kernels (reductions with what they read): cpu_rows.py.
 
 `bufs` holds the pointers of the cluster inputs, its outputs, constant
 tensors and the intermediates (slots: codegen/memory.py; runtime/cpu.py fills it).
@@ -37,11 +38,13 @@ from compiler.codegen.kernel_facts import (ITEMS, LOOP_BLOCK, PACKED, TEAM, by_c
 from compiler.codegen.kernel_facts import extent as _extent
 from compiler.codegen.kernel_facts import interleave as _interleave
 from compiler.codegen.kernel_facts import may_fault as _may_fault
+from compiler.codegen.kernel_facts import short_rows as _short_rows
 from compiler.codegen.kernel_facts import signature as _signature
 from compiler.codegen.kernel_facts import transposed_last as _transposed_last
 from compiler.codegen.register_ops import REGISTER_OPS
 from compiler.codegen.register_ops import operand_kind as _operand_kind
 from compiler.codegen.register_ops import operand_vector as _operand_vector
+from compiler.codegen.short_rows import ShortRows
 from compiler.codegen.lowering import (counted_loop, is_flat, kernel_leaves, mul_add,
                                        store_element, without)
 from compiler.codegen.ops_llvm import I32, I64, llvm_type, storage_type
@@ -182,6 +185,8 @@ class Renderer(RowKernels):
         elif is_flat(k):
             work = root.type.size
             counted_loop(b, lo, hi, lambda b, o: self._flat_block(b, ptrs, k, o, work))
+        elif (short := _short_rows(k)) is not None:
+            counted_loop(b, lo, hi, lambda b, o: self._short_block(b, ptrs, k, o, short))
         else:
             inner = root.shape[-1] if root.shape else 1
             counted_loop(b, lo, hi, lambda b, o: self._row_of_loop(b, ptrs, k, o, inner))
@@ -237,6 +242,44 @@ class Renderer(RowKernels):
             counted_loop(b, i64(lo), i64(hi),
                          lambda b, j, pin={node: (i, lo)}: element(b, j, pin),
                          hints=self._loop_hints(k, hi - lo))
+
+    def _short_block(self, b, ptrs, k: Kernel, o, short: ShortRows) -> None:
+        """Block o of a short-row loop kernel (short_rows.py): a loop over indices w of the
+        root's second-to-last dim, each iteration writing w's whole row, unrolled (LLVM's
+        vectorizer widens it over w); where constant pads' checks are known to pass on an
+        interior of w, the loop splits into the padded edges and that interior."""
+        root = k.root
+        inner, last = root.shape[-2:]
+        if short.blocks == 1:
+            row, first, end = o, i64(0), i64(inner)
+        else:
+            row = b.udiv(o, i64(short.blocks))
+            first = b.mul(b.urem(o, i64(short.blocks)), i64(short.block))
+            end = b.add(first, i64(short.block))
+            end = b.select(b.icmp_signed("<", end, i64(inner)), end, i64(inner))
+        head = delinearize(b, row, root.shape[:-2])
+        start = b.mul(row, i64(inner))
+
+        def element(b, w, inside):
+            em = self._emitter(b, without(ptrs, root))
+            em.inside, em.selects = inside, short.selects
+            base = b.mul(b.add(start, w), i64(last))
+            for c in range(last):
+                store_element(b, ptrs[root], root.dtype, b.add(base, i64(c)),
+                              em.at(root, head + [w, i64(c)]))
+
+        if not short.inside:
+            counted_loop(b, first, end, lambda b, w: element(b, w, {}))
+            return
+        lo, hi = (i64(x) for x in short.interior)
+        lo = b.select(b.icmp_signed("<", lo, first), first, lo)  # clamped to [first, end)
+        lo = b.select(b.icmp_signed(">", lo, end), end, lo)
+        hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
+        hi = b.select(b.icmp_signed(">", hi, end), end, hi)
+        edge = {"llvm.loop.vectorize.width": 1}  # the pads' widths: no vector code for them
+        counted_loop(b, first, lo, lambda b, w: element(b, w, {}), hints=edge)
+        counted_loop(b, lo, hi, lambda b, w: element(b, w, short.inside))
+        counted_loop(b, hi, end, lambda b, w: element(b, w, {}), hints=edge)
 
     def _tile_epilogue(self, ptrs, k: Kernel):
         """For a contraction kernel with an epilogue (fuse.py): a function that applies it,

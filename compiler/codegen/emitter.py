@@ -94,6 +94,12 @@ class ElementEmitter:
         # that axis was split by input (kernel_facts.concat_segments), so this element
         # reads that input with no branch
         self.pinned: dict = {}
+        # constant pad node -> the axes along which its reads are known to be inside its
+        # input (short_rows.py: the interior of a loop split at the padded edges)
+        self.inside: dict = {}
+        # constant pads test their other axes with a select over a read at a clamped
+        # index, not a branch (short_rows.py: only where no read records a fault)
+        self.selects = False
 
     def at(self, v: Value, idx: list):
         key = (v, tuple(idx))  # constants compare by value; instructions by identity
@@ -204,8 +210,13 @@ class ElementEmitter:
             if i1 - i0 == 1 and o1 - o0 == 1:
                 src.append(idx[o0])
                 continue
-            off = linear_index(self.b, idx[o0:o1], n.outputs[0].shape[o0:o1])
-            src += delinearize(self.b, off, x.shape[i0:i1])
+            # a group's map is shared by every element that has its indices (a short
+            # row's unrolled elements: short_rows.py)
+            key = (n, o0, tuple(idx[o0:o1]))
+            if key not in self.memo:
+                off = linear_index(self.b, idx[o0:o1], n.outputs[0].shape[o0:o1])
+                self.memo[key] = delinearize(self.b, off, x.shape[i0:i1])
+            src += self.memo[key]
         return self.at(x, src)
 
     def _transpose(self, n, idx):
@@ -341,11 +352,18 @@ class ElementEmitter:
 
     def _pad_constant(self, n, x, src):
         b = self.b
+        known = self.inside.get(n, frozenset())
+        if len(known) == len(src):
+            return self.at(x, src)
         inside = ir.Constant(I1, 1)
-        for s, d in zip(src, x.shape):
-            inside = b.and_(inside, b.icmp_unsigned("<", s, i64(d)))  # negative -> huge
+        for a, (s, d) in enumerate(zip(src, x.shape)):
+            if a not in known:  # unsigned: negative -> huge
+                inside = b.and_(inside, b.icmp_unsigned("<", s, i64(d)))
         fill = scalar_constant(np.array(n.attrs["value"]).astype(dtypes.to_numpy(x.dtype)),
                                x.dtype)
+        if self.selects:
+            safe = [s if a in known else b.select(inside, s, i64(0)) for a, s in enumerate(src)]
+            return b.select(inside, self.at(x, safe), fill)
         take = b.append_basic_block("pad.in")
         end = b.append_basic_block("pad.end")
         before = b.block

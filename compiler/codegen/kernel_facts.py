@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler.codegen import short_rows as _short
 from compiler.codegen.faults import code_of
 from compiler.codegen.lowering import is_flat
 from compiler.codegen.mathlib import FAST_F32
@@ -76,6 +77,8 @@ def extent(k: Kernel) -> tuple[int, str | None]:
     elif is_flat(k):
         work = root.type.size
         outer = -(-work // LOOP_BLOCK)
+    elif (short := short_rows(k)) is not None:
+        outer, work = short.rows(root), root.type.size
     else:
         inner = root.shape[-1] if root.shape else 1
         work = root.type.size
@@ -107,17 +110,28 @@ LATENCY_OPS = frozenset(FAST_F32) | {"sqrt", "div", "reciprocal"}
 MIN_MAIN_TRIPS = 2
 
 
+def _slow_ops(k: Kernel) -> int:
+    """How many of a kernel's nodes run long-latency float32 math (LATENCY_OPS)."""
+    return sum(n.op in LATENCY_OPS and n.outputs[0].dtype == "f32" for n in k.nodes)
+
+
 def interleave(k: Kernel, trip: int, lanes: int) -> int | None:
     """How many vectorized copies of a loop kernel's body run side by side (LLVM's
     interleave count) in its element loop of `trip` elements on vectors of `lanes`
     floats, or None for LLVM's own choice: see INTERLEAVE."""
-    slow = sum(n.op in LATENCY_OPS and n.outputs[0].dtype == "f32" for n in k.nodes)
+    slow = _slow_ops(k)
     if not slow:
         return None
     copies = LONG_INTERLEAVE if slow >= LONG_CHAIN else INTERLEAVE
     while copies > 1 and copies * lanes * MIN_MAIN_TRIPS > trip:
         copies //= 2
     return copies if copies > 1 else None
+
+
+def short_rows(k: Kernel) -> _short.ShortRows | None:
+    """How loop kernel k runs over blocks of its second-to-last dim, its short rows
+    unrolled (compiler/codegen/short_rows.py), or None where it runs row by row."""
+    return _short.plan(k, k.root.type.size >= PARALLEL_MIN_ELEMENTS, _slow_ops(k) > 0)
 
 
 # A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.
