@@ -341,6 +341,51 @@ def _scatter_along(cx: Ctx, x, src, d: int, along: np.ndarray, scatter_nd_ir):
     return scatter_nd_ir(cx, x, cx.cast(src, x.dtype), positions)
 
 
+@converts(aten.index_put.default)
+def _index_put(cx: Ctx, x, indices, values, accumulate=False):
+    """torch's functional x[idx] = values (x[idx] += values with `accumulate`): a bool
+    mask over x's leading dims with one value (x[x < 0] = 0) is a select; constant
+    integer indices (one tensor per leading dim, None for none) are positions known now,
+    a gather from x and the values side by side (importers/scans.py). Indices computed at
+    run time, or a mask with one value per True (a data-dependent count), stay on torch."""
+    from importers.scans import scatter_nd_ir
+
+    given = [i for i in indices]
+    if not x.type.static or not values.type.static:
+        raise Fallback("index_put into a dynamic tensor")
+    if len(given) == 1 and given[0] is not None and given[0].dtype == "bool":
+        mask = given[0]
+        if int(np.prod(values.shape, dtype=np.int64)) != 1:
+            raise Fallback("index_put of a mask with one value per True element")
+        mask = cx.reshape(mask, tuple(mask.shape) + (1,) * (x.type.rank - mask.type.rank))
+        v = cx.reshape(cx.cast(values, x.dtype), ())
+        if accumulate:
+            return cx.op("add", x, cx.op("select", mask, v, cx.scalar(0, x.dtype)))
+        return cx.op("select", mask, cx.op("broadcast", v, shape=x.shape), x)
+    if any(i is not None and not i.is_const for i in given):
+        raise Fallback("index_put at indices computed at run time")
+    if any(i is None for i in given) or any(i.dtype not in ("i32", "i64") for i in given):
+        raise Fallback("index_put with skipped dims or non-integer indices")
+    k = len(given)
+    arrays = np.broadcast_arrays(*[np.asarray(i.const_value, dtype=np.int64) for i in given])
+    lead = np.array(x.shape[:k], dtype=np.int64)
+    idx = np.stack(arrays, axis=-1).reshape(-1, k)
+    if np.any(idx < -lead) or np.any(idx >= lead):
+        raise Fallback("index_put index out of range (torch raises)")
+    idx = np.where(idx < 0, idx + lead, idx)
+    inner = int(np.prod(x.shape[k:], dtype=np.int64))
+    slots = np.ravel_multi_index(tuple(idx.T), tuple(x.shape[:k]))
+    positions = (slots[:, None] * inner + np.arange(inner)[None, :]).reshape(
+        arrays[0].shape + tuple(x.shape[k:]))
+    upd = cx.op("broadcast", cx.cast(values, x.dtype), shape=positions.shape) \
+        if tuple(values.shape) != positions.shape else cx.cast(values, x.dtype)
+    if accumulate:
+        return scatter_nd_ir(cx, x, upd, positions, "add")
+    if len(np.unique(positions)) != positions.size:
+        raise Fallback("index_put to one place twice (torch leaves the order undefined)")
+    return scatter_nd_ir(cx, x, upd, positions)
+
+
 @converts(aten.copy.default)
 def _copy(cx: Ctx, x, src, non_blocking=False):
     """The functional copy_: src in x's dtype, broadcast to x's shape."""

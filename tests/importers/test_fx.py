@@ -272,3 +272,38 @@ def test_scatters_into_slices_are_gathers(fn):
     verify(imp.graph)
     assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
     np.testing.assert_array_equal(_run(imp, [x, s])[0], fn(x, s).numpy())
+
+
+def _put_mask(x):
+    y = x.clone()
+    y[y < 0] = 0.5
+    return y
+
+
+def _put_rows(x):
+    y = x.clone()
+    y[torch.tensor([0, 2])] = torch.ones(6)
+    return y
+
+
+def _put_points(x):
+    y = x.clone()
+    y[torch.tensor([1, -1]), torch.tensor([0, 5])] = torch.tensor([7.0, 8.0])
+    return y
+
+
+def _add_points(x):
+    return torch.index_put(x, (torch.tensor([1, 1, 3]), torch.tensor([2, 2, 0])),
+                           torch.tensor([1.0, 2.0, 3.0]), accumulate=True)
+
+
+@pytest.mark.parametrize("fn", [_put_mask, _put_rows, _put_points, _add_points])
+def test_index_put_with_a_mask_or_constant_indices_is_compiled(fn):
+    """x[mask] = v as a select; constant integer indices (repeats accumulated) as a
+    gather from x and the values; through torch.compile, nothing on torch."""
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(fn, backend="braze", dynamic=False,
+                             options={"allow_fallback": False})
+    with torch.no_grad():
+        # repeats add in update order here; torch's order is its own (a rounding apart)
+        np.testing.assert_allclose(compiled(x).numpy(), fn(x).numpy(), rtol=1e-6, atol=0)
