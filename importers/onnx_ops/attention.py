@@ -4,17 +4,27 @@
 
 Q, K, V 4-D [batch, heads, seq, head size], or 3-D [batch, seq, heads * head size]
 with q_num_heads / kv_num_heads (split into heads here, merged back after). A boolean
-mask is True where a key takes part: additive 0 there, -inf elsewhere; a query row with
-no key left gives zeros (the spec's rule; torch gives NaN). Grouped heads (fewer kv
-heads) read their kv head through a broadcast. Without past keys the causal mask is
-top-left aligned (j <= i). The cases braze does not express run on onnxruntime, each
-with its reason: past keys and values, the present/qk outputs, softcap, sliding
-windows, unknown attributes and masks that do not broadcast to the scores.
+mask is True where a key takes part: additive 0 there, -inf elsewhere; a mask shorter
+than the keys is padded with -inf; a query row with no key left gives zeros (the spec's
+rule; torch gives NaN). Grouped heads (fewer kv heads) read their kv head through a
+broadcast. A KV cache (past_key, past_value: a decoder's step) is concatenated ahead of
+K and V, which are then the present_key / present_value outputs; the causal mask is
+then bottom-right aligned (query i sees keys j <= i + past length: a constant additive
+bias, as is a sliding window), without one top-left (j <= i, the kernel's own causal
+flag). softcap
+(softcap * tanh(scores / softcap) before the mask: Gemma-2) is written out as matmuls,
+tanh and a softmax, the reference's order, as is a node whose qk_matmul output (the
+scores, or with the mask, or the probabilities) is asked for. The cases braze does not express run on
+onnxruntime, each with its reason: nonpad_kv_seqlen (a
+per-batch cache length), float16 (the kernel is float32), unknown attributes and masks
+that do not broadcast to the scores.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
@@ -49,14 +59,12 @@ def _refusal(cx: NodeContext) -> str | None:
     unknown = sorted(set(cx.attrs) - _KNOWN)
     if unknown:
         return f"attributes {unknown}"
-    if cx.attr("left_window_size", -1) != -1 or cx.attr("right_window_size", -1) != -1:
-        return "a sliding window"
-    if any(cx.input(i) is not None for i in (4, 5, 6)):
-        return "past keys and values or nonpad_kv_seqlen"
-    if any(cx.wants_output(i) for i in (1, 2, 3)):
-        return "present key/value or qk_matmul outputs requested"
-    if cx.attr("softcap", 0.0):
-        return "softcap"
+    if cx.input(6) is not None:
+        return "nonpad_kv_seqlen"
+    if (cx.input(4) is None) != (cx.input(5) is None):
+        return "past_key without past_value, or the other way"
+    if cx.attr("qk_matmul_output_mode", 0) not in (0, 1, 2, 3):
+        return f"qk_matmul_output_mode {cx.attr('qk_matmul_output_mode')}"
     return None
 
 
@@ -71,30 +79,106 @@ def convert_attention(cx: NodeContext):
         q = _heads(cx, q, cx.attr("q_num_heads", 0))
         k = _heads(cx, k, cx.attr("kv_num_heads", 0))
         v = _heads(cx, v, cx.attr("kv_num_heads", 0))
+    past = 0
+    if cx.input(4) is not None:
+        pk, pv = cx.input(4), cx.input(5)
+        if pk.type.rank != 4 or pv.type.rank != 4 or pk.shape[2] != pv.shape[2]:
+            raise Fallback(f"past key {pk.shape} and value {pv.shape}")
+        past = pk.shape[2]
+        k, v = cx.op("concat", pk, k, axis=2), cx.op("concat", pv, v, axis=2)
+    present_k, present_v = k, v
     if q.type.rank != 4 or k.shape[:2] != v.shape[:2] or q.shape[0] != k.shape[0] or \
             q.shape[1] % k.shape[1]:
         raise Fallback(f"q {q.shape}, k {k.shape}, v {v.shape}: heads that do not group")
     k, v = _grouped(cx, k, q.shape[1]), _grouped(cx, v, q.shape[1])
-    causal = bool(cx.attr("is_causal", 0))  # no past: top-left aligned (offset 0)
-    from compiler.kernels import attention
-
-    reason = attention.refusal_for(q, v, k.shape[-2])
-    if reason is not None:  # onnxruntime's own Attention then runs it
-        raise Fallback(f"braze's attention kernel refuses it: {reason}")
     scale = cx.attr("scale", None)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    inputs = [q, k, v]
-    mask = cx.input(3)
-    if mask is not None:
-        if mask.dtype == "bool":
-            mask = cx.op("select", mask, cx.scalar(0.0, q.dtype), cx.scalar(-math.inf, q.dtype))
-        scores = q.shape[:-1] + (k.shape[-2],)
-        if mask.type.rank > 4 or any(d not in (1, s) for d, s in zip(
-                mask.shape[::-1], scores[::-1])):
-            raise Fallback(f"mask {mask.shape} does not broadcast to the scores {scores}")
-        inputs.append(mask)
-    y = cx.op("attention", *inputs, scale=scale, causal=causal, empty_rows_zero=True)
+    softcap = float(cx.attr("softcap", 0.0) or 0.0)
+    mask = _mask(cx, q, k)
+    causal = bool(cx.attr("is_causal", 0))
+    left, right = cx.attr("left_window_size", -1), cx.attr("right_window_size", -1)
+    if (causal and (past or softcap > 0)) or left >= 0 or right >= 0:
+        # the kernel's causal flag is top-left aligned: a constant bias instead
+        allowed = _allowed(q.shape[2], k.shape[2], past, causal, left, right)
+        bias = cx.const(np.where(allowed, 0.0, -np.inf).astype(
+            np.float32 if q.dtype == "f32" else np.float64))
+        mask = bias if mask is None else cx.op("add", mask, bias)
+        causal = False
+    qk = None
+    if softcap > 0 or cx.wants_output(3):
+        y, qk = _written_out(cx, q, k, v, scale, softcap, mask,
+                             cx.attr("qk_matmul_output_mode", 0))
+    else:
+        from compiler.kernels import attention
+
+        reason = attention.refusal_for(q, v, k.shape[-2])
+        if reason is not None:  # onnxruntime's own Attention then runs it
+            raise Fallback(f"braze's attention kernel refuses it: {reason}")
+        inputs = [q, k, v] + ([] if mask is None else [mask])
+        y = cx.op("attention", *inputs, scale=scale, causal=causal, empty_rows_zero=True)
     if three_d:
         b, h, s, d = y.shape
         y = cx.reshape(cx.transpose(y, (0, 2, 1, 3)), (b, s, h * d))
-    return [y]
+    return [y, present_k, present_v, qk]
+
+
+def _allowed(t: int, n: int, past: int, causal: bool, left: int, right: int) -> np.ndarray:
+    """[t, n] bool: query i (at position past + i) may see key j: j <= past + i when
+    causal, within `left` keys before it and `right` after it where those are >= 0
+    (a sliding window: Mistral's, Gemma-2's local layers)."""
+    diff = past + np.arange(t)[:, None] - np.arange(n)[None, :]
+    allowed = np.ones((t, n), bool)
+    if causal:
+        allowed &= diff >= 0
+    if left >= 0:
+        allowed &= diff <= left
+    if right >= 0:
+        allowed &= -diff <= right
+    return allowed
+
+
+def _mask(cx: NodeContext, q, k):
+    """The attn_mask input as an additive mask broadcastable to the scores (padded with
+    -inf to the keys' length), or None."""
+    mask = cx.input(3)
+    if mask is None:
+        return None
+    if mask.dtype == "bool":
+        mask = cx.op("select", mask, cx.scalar(0.0, q.dtype), cx.scalar(-math.inf, q.dtype))
+    n = k.shape[-2]
+    if mask.type.rank and mask.shape[-1] < n:
+        pads = [0] * (2 * mask.type.rank)
+        pads[2 * mask.type.rank - 1] = n - mask.shape[-1]
+        mask = cx.op("pad", mask, pads=tuple(pads), mode="constant", value=-math.inf)
+    scores = q.shape[:-1] + (n,)
+    if mask.type.rank > 4 or any(d not in (1, s) for d, s in zip(mask.shape[::-1],
+                                                                scores[::-1])):
+        raise Fallback(f"mask {mask.shape} does not broadcast to the scores {scores}")
+    return mask
+
+
+def _written_out(cx: NodeContext, q, k, v, scale: float, softcap: float, mask,
+                 mode: int) -> tuple:
+    """(softmax(softcap * tanh(sqrt(scale) Q (sqrt(scale) K)^T / softcap) + mask) V, the
+    qk_matmul output of `mode`: the scores (softcapped where softcap is set) for 0 and
+    1, with the mask for 2, the probabilities for 3), a row whose mask is all -inf giving
+    zeros: the spec's reference, op for op."""
+    from importers.onnx_ops.nn import matmul
+
+    root = cx.scalar(math.sqrt(scale), q.dtype)
+    s = matmul(cx, cx.op("mul", q, root), cx.transpose(cx.op("mul", k, root), (0, 1, 3, 2)))
+    if softcap > 0:
+        cap = cx.scalar(softcap, q.dtype)
+        s = cx.op("mul", cx.op("tanh", cx.op("div", s, cap)), cap)
+    scores = s
+    if mask is not None:
+        s = cx.op("add", s, mask)
+    shifted = cx.op("sub", s, cx.reduce("max", s, (3,)))
+    e = cx.op("exp", shifted)
+    p = cx.op("div", e, cx.reduce("sum", e, (3,)))
+    if mask is not None:  # rows with no key: zeros (decided on the mask, as the spec)
+        full = cx.op("broadcast", mask, shape=s.shape)
+        empty = cx.op("eq", cx.reduce("max", full, (3,)), cx.scalar(-math.inf, q.dtype))
+        p = cx.op("select", empty, cx.scalar(0.0, q.dtype), p)
+    qk = {2: s, 3: p}.get(mode, scores)
+    return matmul(cx, p, v), qk

@@ -99,15 +99,43 @@ def test_onnx_attention_op(three_d, causal, mask):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
-def test_onnx_attention_op_with_past_runs_on_the_host():
-    model = _attention_op(False, False, None)
+@pytest.mark.parametrize("causal,window,softcap,short_mask", [
+    (True, None, 0.0, False),  # a decoder step with its KV cache: causal bottom-right
+    (False, (2, 0), 0.0, True),  # a sliding window; a mask over fewer keys (padded)
+    (True, None, 30.0, False),  # Gemma-2's softcap: written out as matmuls and a softmax
+])
+def test_onnx_attention_op_with_a_kv_cache(causal, window, softcap, short_mask):
+    """past_key/past_value ahead of K and V, present_key/present_value as outputs, the
+    attention over both, compiled whole and matching onnxruntime."""
+    model = _attention_op(False, causal, "f32" if short_mask else None)
     node = model.graph.node[0]
-    node.input.extend(["", "PK", "PV"])
-    pk = helper.make_tensor_value_info("PK", TensorProto.FLOAT, [1, 2, 3, 32])
-    pv = helper.make_tensor_value_info("PV", TensorProto.FLOAT, [1, 2, 3, 32])
-    model.graph.input.extend([pk, pv])
-    text = bridge.compile_onnx(model).explain()
-    assert "past keys and values" in text
+    while len(node.input) < 4:
+        node.input.append("")
+    node.input.extend(["PK", "PV"])
+    node.output.extend(["present_k", "present_v"])
+    if window:  # (opset 25 on)
+        node.attribute.extend([helper.make_attribute("left_window_size", window[0]),
+                               helper.make_attribute("right_window_size", window[1])])
+        model.opset_import[0].version = 25
+    if softcap:
+        node.attribute.append(helper.make_attribute("softcap", softcap))
+    model.graph.input.extend([helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3, 32])
+                              for n in ("PK", "PV")])
+    model.graph.output.extend([helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                               for n in ("present_k", "present_v")])
+    if short_mask:  # 7 queries, 10 keys (3 past), the mask over the first 8 keys only
+        model.graph.input[3].type.tensor_type.shape.dim[1].dim_value = 8
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal((1, 2, 7, 32)).astype(np.float32) for n in "QKV"}
+    feeds.update({n: rng.standard_normal((1, 2, 3, 32)).astype(np.float32)
+                  for n in ("PK", "PV")})
+    if short_mask:
+        feeds["M"] = rng.standard_normal((7, 8)).astype(np.float32)
+    cm = bridge.compile_onnx(model, allow_fallback=False)
+    got, want = cm(**feeds), _ort(model, feeds)
+    assert len(got) == 3
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
