@@ -15,9 +15,10 @@ flag). softcap
 (softcap * tanh(scores / softcap) before the mask: Gemma-2) is written out as matmuls,
 tanh and a softmax, the reference's order, as is a node whose qk_matmul output (the
 scores, or with the mask, or the probabilities) is asked for. The cases braze does not express run on
-onnxruntime, each with its reason: nonpad_kv_seqlen (a
-per-batch cache length), float16 (the kernel is float32), unknown attributes and masks
-that do not broadcast to the scores.
+onnxruntime, each with its reason: float16 (the kernel is float32), unknown
+attributes and masks that do not broadcast to the scores. An external cache's
+nonpad_kv_seqlen (each batch row's valid keys) becomes a bias computed from it at run
+time, its causal frontier per row.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ def _refusal(cx: NodeContext) -> str | None:
     unknown = sorted(set(cx.attrs) - _KNOWN)
     if unknown:
         return f"attributes {unknown}"
-    if cx.input(6) is not None:
-        return "nonpad_kv_seqlen"
     if (cx.input(4) is None) != (cx.input(5) is None):
         return "past_key without past_value, or the other way"
+    if cx.input(6) is not None and cx.input(4) is not None:
+        return "nonpad_kv_seqlen with a past key and value (the spec forbids it)"
     if cx.attr("qk_matmul_output_mode", 0) not in (0, 1, 2, 3):
         return f"qk_matmul_output_mode {cx.attr('qk_matmul_output_mode')}"
     return None
@@ -97,7 +98,11 @@ def convert_attention(cx: NodeContext):
     mask = _mask(cx, q, k)
     causal = bool(cx.attr("is_causal", 0))
     left, right = cx.attr("left_window_size", -1), cx.attr("right_window_size", -1)
-    if (causal and (past or softcap > 0)) or left >= 0 or right >= 0:
+    if cx.input(6) is not None:  # a static cache: each batch row's own valid length
+        bias = _per_batch_bias(cx, q, k, cx.input(6), causal, left, right)
+        mask = bias if mask is None else cx.op("add", mask, bias)
+        causal = False
+    elif (causal and (past or softcap > 0)) or left >= 0 or right >= 0:
         # the kernel's causal flag is top-left aligned: a constant bias instead
         allowed = _allowed(q.shape[2], k.shape[2], past, causal, left, right)
         bias = cx.const(np.where(allowed, 0.0, -np.inf).astype(
@@ -135,6 +140,26 @@ def _allowed(t: int, n: int, past: int, causal: bool, left: int, right: int) -> 
     if right >= 0:
         allowed &= -diff <= right
     return allowed
+
+
+def _per_batch_bias(cx: NodeContext, q, k, lengths, causal: bool, left: int, right: int):
+    """The additive [B, 1, T, S] bias of an external (static) KV cache whose batch row b
+    holds lengths[b] valid keys: keys from lengths[b] on are masked, and the causal
+    frontier and window sit at offset lengths[b] - T (the spec's bottom-right alignment),
+    computed at run time from the lengths input."""
+    b, t, n = q.shape[0], q.shape[2], k.shape[2]
+    length = cx.reshape(cx.cast(lengths, "i64"), (b, 1, 1, 1))
+    j = cx.const(np.arange(n, dtype=np.int64).reshape(1, 1, 1, n))
+    i = cx.const(np.arange(t, dtype=np.int64).reshape(1, 1, t, 1))
+    allowed = cx.op("lt", j, length)
+    diff = cx.op("sub", cx.op("add", i, cx.op("sub", length, cx.scalar(t, "i64"))), j)
+    if causal:
+        allowed = cx.op("and", allowed, cx.op("ge", diff, cx.scalar(0, "i64")))
+    if left >= 0:
+        allowed = cx.op("and", allowed, cx.op("le", diff, cx.scalar(left, "i64")))
+    if right >= 0:
+        allowed = cx.op("and", allowed, cx.op("ge", diff, cx.scalar(-right, "i64")))
+    return cx.op("select", allowed, cx.scalar(0.0, q.dtype), cx.scalar(-math.inf, q.dtype))
 
 
 def _mask(cx: NodeContext, q, k):

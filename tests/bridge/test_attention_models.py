@@ -250,3 +250,29 @@ def test_fast_path_encoder_layers_are_written_out(activation, norm_first, tmp_pa
     assert torch_kernels.count("  kernel ") <= onnx_kernels.count("  kernel ")
     assert torch_kernels.count("attention [") == onnx_kernels.count("attention [") == 2
 
+
+
+def test_onnx_attention_op_with_a_static_cache_length_per_batch_row():
+    """nonpad_kv_seqlen (opset 24): batch row b holds lengths[b] valid keys of a static
+    cache; the causal frontier sits at lengths[b] - T. A bias built from the lengths at
+    run time, compiled whole, matching onnxruntime for two different length vectors."""
+    shape = [2, 2, 3, 16]
+    kv = [2, 2, 8, 16]
+    ins = [helper.make_tensor_value_info("Q", TensorProto.FLOAT, shape)] + [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, kv) for n in "KV"] + [
+        helper.make_tensor_value_info("L", TensorProto.INT64, [2])]
+    node = helper.make_node("Attention", ["Q", "K", "V", "", "", "", "L"], ["Y"],
+                            is_causal=1)
+    model = helper.make_model(helper.make_graph(
+        [node], "attn", ins, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 24)])
+    rng = np.random.default_rng(3)
+    cm = bridge.compile_onnx(model, allow_fallback=False)
+    for lengths in ([5, 8], [3, 6]):
+        feeds = {"Q": rng.standard_normal(shape).astype(np.float32),
+                 "K": rng.standard_normal(kv).astype(np.float32),
+                 "V": rng.standard_normal(kv).astype(np.float32),
+                 "L": np.array(lengths, np.int64)}
+        got, = cm(**feeds)
+        want, = _ort(model, feeds)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
