@@ -27,15 +27,15 @@ def _epilogue(act: str, src: str, dst: str, shape: str) -> str:
             f"  %{dst} = mul(%{src}, %{dst}_s) : f32[{shape}]\n")
 
 
-def _block(h, w, cin, cexp, k, stride, act, extra_reader=False):
-    """IR text of x -> act(conv1x1(x) + b1) = e -> act(depthwise(e) + b2) = y, NHWC; with
-    `extra_reader`, e is also a graph output."""
+def _block(h, w, cin, cexp, k, stride, act, extra_reader=False, n=1):
+    """IR text of x -> act(conv1x1(x) + b1) = e -> act(depthwise(e) + b2) = y, NHWC, batch
+    n; with `extra_reader`, e is also a graph output."""
     p = k // 2
     oh, ow = (h + 2 * p - k) // stride + 1, (w + 2 * p - k) // stride + 1
-    es, ys = f"1,{h},{w},{cexp}", f"1,{oh},{ow},{cexp}"
+    es, ys = f"{n},{h},{w},{cexp}", f"{n},{oh},{ow},{cexp}"
     outs = "%y, %e" if extra_reader else "%y"
     return f"""
-graph blk(%x: f32[1,{h},{w},{cin}]) -> ({outs}) {{
+graph blk(%x: f32[{n},{h},{w},{cin}]) -> ({outs}) {{
   %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]
   %six = const() {{value=dense<f32[]: [6.0]>}} : f32[]
   %w1 = const() {{value=@w1}} : f32[{cexp},{cin},1,1]
@@ -95,8 +95,8 @@ def test_a_small_expanded_value_stays_two_kernels():
     assert all(k.expand is None for k in plan(g).kernels)
 
 
-# (h, w, cin, cexp, kernel, stride, activation, threads)
-CASES = [
+# (batch, h, w, cin, cexp, kernel, stride, activation, threads)
+CASES = [(1, *case) for case in [
     (12, 11, 8, 48, 3, 1, "relu6", 1),
     (13, 11, 16, 96, 3, 2, "relu6", 1),
     (10, 10, 16, 96, 3, 2, "relu6", 2),  # even size, stride 2: no bottom padding row
@@ -104,16 +104,19 @@ CASES = [
     (15, 13, 24, 72, 5, 2, "silu", 2),
     (7, 7, 12, 20, 3, 1, "silu", 2),  # Cexp below one panel
     (1, 5, 8, 32, 3, 1, "relu6", 1),  # one row: every window hangs over the padding
+]] + [
+    (3, 9, 7, 8, 32, 3, 1, "relu6", 1),  # a thread's rows run on from image to image
+    (2, 11, 10, 16, 48, 5, 2, "silu", 2),
 ]
 
 
-@pytest.mark.parametrize("h,w,cin,cexp,k,stride,act,threads", CASES)
-def test_fused_block_matches_torch(always_fuse, h, w, cin, cexp, k, stride, act, threads):
+@pytest.mark.parametrize("n,h,w,cin,cexp,k,stride,act,threads", CASES)
+def test_fused_block_matches_torch(always_fuse, n, h, w, cin, cexp, k, stride, act, threads):
     arrays = _arrays(cin, cexp, k)
-    g = parse_graph(_block(h, w, cin, cexp, k, stride, act), arrays)
+    g = parse_graph(_block(h, w, cin, cexp, k, stride, act, n=n), arrays)
     program = compile_graph(g)
     assert any(k_.expand is not None for k_ in program.plan.kernels)
-    x = RNG.standard_normal((1, h, w, cin)).astype(np.float32)
+    x = RNG.standard_normal((n, h, w, cin)).astype(np.float32)
     y, = CpuStep(program, threads=threads).run([x])
     want = _torch(x, arrays, k, stride, act)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
