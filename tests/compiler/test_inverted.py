@@ -19,7 +19,12 @@ RNG = np.random.default_rng(0)
 
 
 def _epilogue(act: str, src: str, dst: str, shape: str) -> str:
-    """IR lines computing %dst = act(%src) (ReLU6 as max/min, SiLU as x * sigmoid(x))."""
+    """IR lines computing %dst = act(%src) (ReLU6 as max/min, SiLU as x * sigmoid(x),
+    "scale" a per-channel multiply, "none" nothing)."""
+    if act == "none":  # the expand conv without an epilogue: its raw result is E
+        return f"  %{dst} = mul(%{src}, %one) : f32[{shape}]\n" if dst == "y" else ""
+    if act == "scale":
+        return f"  %{dst} = mul(%{src}, %sc) : f32[{shape}]\n"
     if act == "relu6":
         return (f"  %{dst}_m = max(%{src}, %zero) : f32[{shape}]\n"
                 f"  %{dst} = min(%{dst}_m, %six) : f32[{shape}]\n")
@@ -38,12 +43,14 @@ def _block(h, w, cin, cexp, k, stride, act, extra_reader=False, n=1):
 graph blk(%x: f32[{n},{h},{w},{cin}]) -> ({outs}) {{
   %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]
   %six = const() {{value=dense<f32[]: [6.0]>}} : f32[]
+  %one = const() {{value=dense<f32[]: [1.0]>}} : f32[]
+  %sc = const() {{value=@sc}} : f32[{cexp}]
   %w1 = const() {{value=@w1}} : f32[{cexp},{cin},1,1]
   %b1 = const() {{value=@b1}} : f32[{cexp}]
   %w2 = const() {{value=@w2}} : f32[{cexp},1,{k},{k}]
   %b2 = const() {{value=@b2}} : f32[{cexp}]
   %c = conv(%x, %w1, %b1) {{strides=[1,1], pads=[0,0,0,0], dilations=[1,1], group=1, layout="NHWC"}} : f32[{es}]
-{_epilogue(act, "c", "e", es)}  %d = conv(%e, %w2, %b2) {{strides=[{stride},{stride}], pads=[{p},{p},{p},{p}], dilations=[1,1], group={cexp}, layout="NHWC"}} : f32[{ys}]
+{_epilogue(act, "c", "e", es)}  %d = conv(%{"c" if act == "none" else "e"}, %w2, %b2) {{strides=[{stride},{stride}], pads=[{p},{p},{p},{p}], dilations=[1,1], group={cexp}, layout="NHWC"}} : f32[{ys}]
 {_epilogue(act, "d", "y", ys)}}}
 """
 
@@ -52,13 +59,15 @@ def _arrays(cin, cexp, k):
     return {"w1": RNG.standard_normal((cexp, cin, 1, 1)).astype(np.float32) / np.sqrt(cin),
             "b1": RNG.standard_normal(cexp).astype(np.float32),
             "w2": RNG.standard_normal((cexp, 1, k, k)).astype(np.float32) / k,
-            "b2": RNG.standard_normal(cexp).astype(np.float32)}
+            "b2": RNG.standard_normal(cexp).astype(np.float32),
+            "sc": RNG.uniform(0.5, 1.5, cexp).astype(np.float32)}
 
 
 def _torch(x, arrays, k, stride, act):
     f = torch.nn.functional
     a = {n: torch.from_numpy(v).double() for n, v in arrays.items()}
-    act_fn = (lambda t: t.clamp(0, 6)) if act == "relu6" else f.silu
+    act_fn = {"relu6": lambda t: t.clamp(0, 6), "silu": f.silu, "none": lambda t: t,
+              "scale": lambda t: t * a["sc"].reshape(1, -1, 1, 1)}[act]
     e = act_fn(f.conv2d(torch.from_numpy(x).permute(0, 3, 1, 2).double(), a["w1"], a["b1"]))
     y = act_fn(f.conv2d(e, a["w2"], a["b2"], stride=stride, padding=k // 2,
                         groups=a["w2"].shape[0]))
@@ -107,6 +116,8 @@ CASES = [(1, *case) for case in [
 ]] + [
     (3, 9, 7, 8, 32, 3, 1, "relu6", 1),  # a thread's rows run on from image to image
     (2, 11, 10, 16, 48, 5, 2, "silu", 2),
+    (1, 8, 9, 8, 32, 3, 2, "scale", 1),  # a per-channel operand in both epilogues
+    (1, 9, 8, 8, 32, 3, 1, "none", 1),  # no epilogue on the expand conv
 ]
 
 
