@@ -171,7 +171,7 @@ def packed_operands(kernels) -> dict:
     """(PACKED, constant) -> its packed array, for the kernels that read packed operands
     (packing happens here, once, at compile time)."""
     out = {}
-    for k in kernels:
+    for k in (part for k in kernels for part in k.parts()):
         node = k.contraction
         for i, pack in packers(k).items():
             if i < len(node.inputs):
@@ -183,7 +183,8 @@ def packed_operands(kernels) -> dict:
 def read_unpacked(graph: Graph, kernels) -> set[Value]:
     """The values some node reads other than as a packed operand, and the graph outputs
     (one pass: each kernel's packers are asked once)."""
-    packed = {(k.contraction, i) for k in kernels for i in packers(k)}
+    packed = {(part.contraction, i) for k in kernels for part in k.parts()
+              for i in packers(part)}
     out = set(graph.outputs)
     for n in graph.nodes:
         out.update(u for i, u in enumerate(n.inputs) if (n, i) not in packed)

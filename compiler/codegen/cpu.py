@@ -50,8 +50,8 @@ from compiler.codegen.lowering import (counted_loop, is_flat, kernel_leaves, mul
 from compiler.codegen.ops_llvm import I32, I64, llvm_type, storage_type
 from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
-from compiler.kernels import (attention, batched, choice, conv, gemm, grouped, recurrent,
-                              winograd)
+from compiler.kernels import (attention, batched, choice, conv, gemm, grouped, inverted,
+                              recurrent, winograd)
 from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
@@ -133,7 +133,8 @@ class Renderer(RowKernels):
         """The buffers in a kernel's own table, in order: what it reads, its root, and
         its packed operands."""
         return kernel_leaves(k, self.slots) + [k.root] + [
-            (PACKED, u) for u in (k.contraction.inputs if k.contraction else [])
+            (PACKED, u) for part in k.parts()
+            for u in (part.contraction.inputs if part.contraction else [])
             if (PACKED, u) in self.slots] + (
                 [FAULTS] if FAULTS in self.slots and _may_fault(k) else [])
 
@@ -168,6 +169,8 @@ class Renderer(RowKernels):
             after, before, regs = self._tile_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: gemm.emit_item(
                 b, shape, ptrs[a], packed, ptrs[root], o, after, before, regs))
+        elif k.expand is not None:
+            self._inverted(b, bufs, ptrs, k, lo, hi)
         elif impl in (choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
             self._conv(b, bufs, ptrs, k, lo, hi)
         elif impl == choice.BATCHED:
@@ -324,6 +327,30 @@ class Renderer(RowKernels):
             after, before, regs = self._tile_hooks(ptrs, k)
             counted_loop(b, lo, hi, lambda b, o: conv.emit_item(
                 b, shape, ptrs[x], weight, bias, ptrs[root], o, after, before, regs))
+
+    def _inverted(self, b, bufs, ptrs, k: Kernel, lo, hi) -> None:
+        """An expand conv and the depthwise conv reading it (kernels/inverted.py): output
+        rows lo..hi, the expanded rows kept in a ring on this thread's stack."""
+        e, dw = k.expand.contraction, k.contraction
+        keys = [(PACKED, u) for u in e.inputs[1:] + dw.inputs[1:]]
+        packed = self._buffers(b, bufs, keys)
+        w1, w2 = packed[keys[0]], packed[(PACKED, dw.inputs[1])]
+        b1 = packed[keys[1]] if len(e.inputs) > 2 else None
+        b2 = packed[(PACKED, dw.inputs[2])] if len(dw.inputs) > 2 else None
+        shape = inverted.InvertedShape.of(e, dw, self.tile)
+        transform = self._register_epilogue(ptrs, k.expand)
+        if transform is None and k.expand.root is not e.outputs[0]:
+            raise AssertionError(f"the epilogue of %{k.expand.root.name} is not on registers")
+        apply, after = self._channel_hooks(ptrs, k)
+        with b.goto_entry_block():
+            ring = b.alloca(gemm.F32, size=i64(shape.ring_floats))
+            ring.align = 64
+            ring.type = PTR  # opaque, as the buffers' pointers (llvmlite types an alloca)
+            ready = b.alloca(I64)
+        b.store(i64(0), ready)
+        counted_loop(b, lo, hi, lambda b, o: inverted.emit_item(
+            b, shape, ptrs[e.inputs[0]], w1, b1, w2, b2, ptrs[k.root], o, ring, ready,
+            transform, apply, after))
 
     def _batched(self, b, ptrs, k: Kernel, lo, hi) -> None:
         """A run-time-operand matmul's items (kernels/batched.py): B packed per thread

@@ -14,7 +14,7 @@ from compiler.codegen.lowering import is_flat
 from compiler.codegen.mathlib import FAST_F32
 from compiler.ir import Value
 from compiler.ops import Family
-from compiler.kernels import choice
+from compiler.kernels import choice, inverted
 from compiler.passes.fuse import Kernel
 
 PACKED = "packed"  # slot-table tag of a weight packed for the GEMM (compiled.py fills it)
@@ -53,6 +53,9 @@ def extent(k: Kernel) -> tuple[int, str | None]:
     impl = k.impl.name if k.impl is not None else None
     if impl == choice.EMPTY_MATMUL:
         outer, work = root.type.size // (root.shape[-1] if root.shape else 1), root.type.size
+    elif k.expand is not None:  # kernels/inverted.py: one output row per item
+        shape = inverted.InvertedShape.of(k.expand.contraction, node, k.impl.tile)
+        outer, work = shape.items, shape.macs
     elif impl == choice.GEMM:
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.m * shape.n * shape.k

@@ -314,12 +314,14 @@ class _Row:
 
 
 def emit_item(b: ir.IRBuilder, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, item,
-              apply=None, after=None) -> None:
+              apply=None, after=None, rows=None) -> None:
     """Compute work item `item`: one output row's pixels for CHUNK vectors of channels.
     `apply(b, vec, off, col, mask) -> vec` (the epilogue on an `s.vec`-lane vector of
     output element offset `off`, channel `col`; `mask`: its lanes below Cout, or None) and `after(b, pixel, col0, cols)` (the epilogue
-    in place over a pixel's stored channels), either may be None."""
-    emitter = _Emitter(b, s, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after)
+    in place over a pixel's stored channels), either may be None. `rows(b, n, iy) ->
+    pointer` (default: X's own rows) gives input row iy of image n (its pixel 0, channel
+    0): kernels/inverted.py reads the rows it computed into a scratch."""
+    emitter = _Emitter(b, s, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after, rows)
     chunk = b.urem(item, _i64(s.chunks))
     row = b.udiv(item, _i64(s.chunks))
     row_ctx = emitter.row(b.udiv(row, _i64(s.oh)), b.urem(row, _i64(s.oh)))
@@ -337,8 +339,10 @@ def emit_item(b: ir.IRBuilder, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, i
 class _Emitter:
     """Emits one work item's code (see emit_item); the pieces are its methods."""
 
-    def __init__(self, b, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after):
+    def __init__(self, b, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after,
+                 rows=None):
         self.b, self.s = b, s
+        self.rows = rows if rows is not None else self._own_row
         self.x, self.w, self.bias, self.y = x_ptr, w_ptr, bias_ptr, y_ptr
         self.apply = apply if s.width == s.vec else None
         self.after = after
@@ -360,6 +364,12 @@ class _Emitter:
         hi = b.select(b.icmp_signed(">", hi, _i64(s.kh)), _i64(s.kh), hi)
         lo = b.select(b.icmp_signed(">", lo, hi), hi, lo)
         return _Row(n, oh, y0, lo, hi)
+
+    def _own_row(self, b, n, iy):
+        """Pointer to X[n, iy, 0, 0]."""
+        s = self.s
+        line = b.mul(b.add(b.mul(n, _i64(s.h)), iy), _i64(s.w * s.cin))
+        return b.gep(self.x, [line], source_etype=F32, inbounds=True)
 
     def vector(self, row: _Row, v, valid: int) -> None:
         """All output columns of the row for channel vector v (`valid` lanes), tile by
@@ -406,32 +416,32 @@ class _Emitter:
         b, s = self.b, self.s
         t = _vec(s.width)
         iy = b.add(row.y0, b.mul(kh, _i64(s.dilations[0])))
-        line = b.mul(b.add(b.mul(row.n, _i64(s.h)), iy), _i64(s.w))  # pixel index of x=0
+        line = self.rows(b, row.n, iy)  # the input row's pixel 0
         wrow = b.mul(b.add(b.mul(row.v, _i64(s.kh)), kh), _i64(s.kw))  # (v, kh, 0)
         vals = [b.load(a, typ=t) for a in accs]
         for j in js:
             for p, kws in enumerate(taps):
                 for kw in kws:
-                    pixel = b.add(line, b.add(col0, _i64(p * s.strides[1]
-                                                         + kw * s.dilations[1])))
+                    pixel = b.add(col0, _i64(p * s.strides[1] + kw * s.dilations[1]))
                     wk = b.add(b.mul(b.add(wrow, _i64(kw)), _i64(s.cg)), _as_i64(j))
                     wvec = b.load(b.gep(self.w, [b.mul(wk, _i64(s.width))],
                                         source_etype=F32, inbounds=True), typ=t, align=4)
-                    vals[p] = b.call(self.fma, [self._input(row, pixel, j), wvec, vals[p]])
+                    vals[p] = b.call(self.fma, [self._input(row, line, pixel, j), wvec,
+                                                vals[p]])
         for p, a in enumerate(accs):
             b.store(vals[p], a)
 
-    def _input(self, row: _Row, pixel, j):
-        """The vector whose lane o holds X[pixel, g(o) * Cg + j] (j: an int in shuffle
-        mode, an i64 in broadcast mode)."""
+    def _input(self, row: _Row, line, pixel, j):
+        """The vector whose lane o holds X[pixel, g(o) * Cg + j] of the input row at
+        `line` (j: an int in shuffle mode, an i64 in broadcast mode)."""
         b, s = self.b, self.s
         if s.mode == "broadcast":
             group = b.udiv(row.v, _i64(s.mg // s.width))
             ch = b.add(b.add(b.mul(pixel, _i64(s.cin)), b.mul(group, _i64(s.cg))), _as_i64(j))
-            x = b.load(b.gep(self.x, [ch], source_etype=F32, inbounds=True), typ=F32)
+            x = b.load(b.gep(line, [ch], source_etype=F32, inbounds=True), typ=F32)
             return _splat(b, x, s.width)
         start = b.add(b.mul(pixel, _i64(s.cin)), b.mul(row.v, _i64(s.span)))
-        ptr = b.gep(self.x, [start], source_etype=F32, inbounds=True)
+        ptr = b.gep(line, [start], source_etype=F32, inbounds=True)
         valid = s.span if row.valid == s.width else row.valid // s.mg * s.cg
         span = _load_lanes(b, ptr, s.span, valid)
         mask = [(o // s.mg) * s.cg + j for o in range(s.width)]

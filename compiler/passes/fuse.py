@@ -21,7 +21,9 @@ for the row in a per-thread scratch row by the first pass that computes them
 A value is materialized (gets a buffer; `plan(graph).reasons` says why) when:
   - it is a cluster output;
   - it is a contraction's (matmul's) result or operand: a contraction is its
-    own kernel, reading each operand element many times;
+    own kernel, reading each operand element many times (except a 1x1 expand conv's
+    result that only a depthwise conv reads, large enough: that kernel computes it row
+    by row into a scratch, kernels/inverted.py, and the 1x1 conv is its `expand`);
   - several kernels read it and it is a reduction, contains an op of
     EXPENSIVE_OPS, or costs more than INLINE_COST ops to recompute (a pool costs
     its window's taps times what it reads: DenseNet's 3x3 max pool, read by the
@@ -47,7 +49,7 @@ import numpy as np
 from compiler import dtypes
 from compiler.ir import Graph, Node, Value
 from compiler import target as targets
-from compiler.kernels import batched, recurrent
+from compiler.kernels import batched, inverted, recurrent
 from compiler.kernels import choice
 from compiler.kernels.choice import Impl, choose
 from compiler.ops import Family
@@ -99,6 +101,9 @@ class Kernel:
     # a contraction kernel's implementation and why (compiler/kernels/choice.py), chosen
     # once by `plan`; codegen, packing and benchmarks read it, never re-decide it
     impl: Impl | None = None
+    # a depthwise conv kernel that computes its input too (kernels/inverted.py): the 1x1
+    # expand conv and its epilogue, as a kernel of their own whose root has no buffer
+    expand: Kernel | None = None
 
     @property
     def kind(self) -> str:
@@ -109,8 +114,14 @@ class Kernel:
     @property
     def contraction(self) -> Node | None:
         """A contraction kernel's matmul or conv (its root is that node's result, or the
-        result of the epilogue applied to it)."""
-        return next((n for n in self.nodes if n.opdef.family is Family.CONTRACTION), None)
+        result of the epilogue applied to it); with an `expand`, the depthwise conv (the
+        last contraction: the expand conv comes before it)."""
+        return next((n for n in reversed(self.nodes) if n.opdef.family is Family.CONTRACTION),
+                    None)
+
+    def parts(self) -> list[Kernel]:
+        """The kernels whose contractions this one runs: its expand's, then its own."""
+        return ([self.expand] if self.expand is not None else []) + [self]
 
     @property
     def reductions(self) -> list[Node]:
@@ -137,6 +148,9 @@ class FusionPlan:
             ops = " ".join(n.op for n in k.nodes)
             kept = "".join(f"; %{v.name} kept per row" for v in k.row_cached)
             impl = f" [{k.impl.label}: {k.impl.reason}]" if k.impl is not None else ""
+            if k.expand is not None:
+                impl += f" [expand %{k.expand.root.name} per row in a scratch: " \
+                        "kernels/inverted.py]"
             lines.append(f"kernel {i} ({k.kind}) -> %{k.root.name}: {ops}{kept}{impl}")
         lines += [f"%{v.name} materialized: {r}" for v, r in self.reasons.items()]
         lines += [f"%{v.name} recomputed: {r}" for v, r in self.notes.items()]
@@ -195,6 +209,8 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
                 if u.producer is not None and u.producer.op != "const":
                     reasons.setdefault(u, f"{n.op} operand: each element is read many times")
     _materialize_deep(graph, reasons, claimed)
+    expands = inverted.fusions(graph, reasons, users, target) \
+        if targets.kind(target) != "cuda" else {}
     order = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
     while True:
         kernels = _kernels(graph, set(reasons))
@@ -205,7 +221,17 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
             for k in kernels:
                 if k.contraction is not None:
                     k.impl = choose(k.contraction, target)
+                if k.contraction in expands and expands[k.contraction] not in reasons:
+                    k.expand = _expand_kernel(expands[k.contraction], k, target)
             return FusionPlan(kernels, set(reasons), reasons, notes)
+
+
+def _expand_kernel(root: Value, k: Kernel, target) -> Kernel:
+    """The expand part of depthwise kernel `k`: the nodes of `k` that compute `root`."""
+    inside = set(_fused_nodes(root, set()))
+    e = Kernel(root, [n for n in k.nodes if n in inside])
+    e.impl = choose(e.contraction, target)
+    return e
 
 
 def _folds(node: Node, u: Value, target) -> bool:
