@@ -117,7 +117,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=common.THREADS)
     args = p.parse_args(argv)
     common.configure_threads(args.threads)
-    settings = Settings(warmup=2, rounds=args.rounds, budget_s=args.budget)
+    # lead-in calls before each sample, as the zoo, fusion and ResNet-50 harnesses do
+    # (common.LEAD_IN_S): without them a T=128 call (~0.5 ms) was timed with the second
+    # core still waking from the settle pause, 5-6 ms for braze and torch's SDPA alike
+    settings = Settings(warmup=2, rounds=args.rounds, budget_s=args.budget, lead_in=1)
     with tempfile.TemporaryDirectory() as tmp:
         cases = [run(seq, settings, Path(tmp), args.threads) for seq in args.seqs]
     print(common.machine_line(common.machine_info(args.threads)))
