@@ -1,5 +1,6 @@
 """Small valid ONNX models the fuzzer mutates: each exercises a different part of braze
-(conv/pool, gemm, gather, integer arithmetic, movement, normalization, reductions)."""
+(conv/pool, gemm, gather, integer arithmetic, movement, normalization, reductions,
+decoder layers, scatters)."""
 
 from __future__ import annotations
 
@@ -137,8 +138,23 @@ def decoder(rng) -> onnx.ModelProto:
                   [_io("y", T.FLOAT, [1, 2, 6, 2])], inits)
 
 
+def scatter(rng) -> onnx.ModelProto:
+    """Scatters with constant indices (ScatterND with a reduction, ScatterElements):
+    gathers from the data and the updates."""
+    nodes = [helper.make_node("ScatterND", ["x", "ni", "nu"], ["a"], reduction="add",
+                              name="scatter_nd"),
+             helper.make_node("ScatterElements", ["a", "ei", "eu"], ["b"], axis=1,
+                              name="scatter_elements"),
+             helper.make_node("Mul", ["b", "x"], ["y"], name="mul")]
+    inits = [("ni", np.array([[1], [3], [1]], np.int64)), ("nu", _f32(rng, 3, 5)),
+             ("ei", np.array([[0, 4], [2, 2], [1, 0], [3, 1]], np.int64)),
+             ("eu", _f32(rng, 4, 2))]
+    return _model("scatter", nodes, [_io("x", T.FLOAT, [4, 5])], [_io("y", T.FLOAT, [4, 5])],
+                  inits)
+
+
 SEEDS = {f.__name__: f for f in (cnn, mlp, embed, integer, movement, norm, reduce,
-                                 decoder)}
+                                 decoder, scatter)}
 
 
 def seed_models(seed: int = 0) -> dict[str, onnx.ModelProto]:
