@@ -284,14 +284,12 @@ def _index(cx: Ctx, x, indices):
         dims = list(range(len(dims)))
     sizes = [x.shape[d] for d in dims]
     merged = int(np.prod(sizes, dtype=np.int64))
+    from importers.scans import checked_index
+
     flat, bad = None, None
     for (_, idx), n, stride in zip(given, sizes,
                                    np.cumprod([1] + sizes[::-1])[-2::-1].tolist()):
-        i = cx.cast(idx, "i64")
-        i = cx.op("select", cx.op("lt", i, cx.scalar(0, "i64")),
-                  cx.op("add", i, cx.scalar(n, "i64")), i)
-        out = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")),
-                    cx.op("ge", i, cx.scalar(n, "i64")))
+        i, out = checked_index(cx, idx, n)
         term = cx.op("mul", i, cx.scalar(int(stride), "i64"))
         flat = term if flat is None else cx.op("add", flat, term)
         bad = out if bad is None else cx.op("or", bad, out)
@@ -332,12 +330,12 @@ def _select_scatter(cx: Ctx, x, src, dim, index):
 
 def _scatter_along(cx: Ctx, x, src, d: int, along: np.ndarray, scatter_nd_ir):
     """x with src (x's shape but along `d`) written where `along` (positions along d,
-    broadcast over the other dims) says."""
+    broadcast over the other dims) says: ONNX ScatterElements' positions."""
+    from importers.scans import scatter_elements_positions
+
     if not x.type.static or not src.type.static:
         raise Fallback("a scatter into a dynamic tensor")
-    grid = list(np.indices(src.shape, dtype=np.int64))
-    grid[d] = np.broadcast_to(along, src.shape)
-    positions = np.ravel_multi_index(tuple(grid), x.shape).astype(np.int64)
+    positions = scatter_elements_positions(x.shape, np.broadcast_to(along, src.shape), d)
     return scatter_nd_ir(cx, x, cx.cast(src, x.dtype), positions)
 
 
@@ -348,9 +346,9 @@ def _index_put(cx: Ctx, x, indices, values, accumulate=False):
     integer indices (one tensor per leading dim, None for none) are positions known now,
     a gather from x and the values side by side (importers/scans.py). Indices computed at
     run time, or a mask with one value per True (a data-dependent count), stay on torch."""
-    from importers.scans import scatter_nd_ir
+    from importers.scans import scatter_nd_ir, scatter_positions
 
-    given = [i for i in indices]
+    given = list(indices)
     if not x.type.static or not values.type.static:
         raise Fallback("index_put into a dynamic tensor")
     if len(given) == 1 and given[0] is not None and given[0].dtype == "bool":
@@ -366,17 +364,11 @@ def _index_put(cx: Ctx, x, indices, values, accumulate=False):
         raise Fallback("index_put at indices computed at run time")
     if any(i is None for i in given) or any(i.dtype not in ("i32", "i64") for i in given):
         raise Fallback("index_put with skipped dims or non-integer indices")
-    k = len(given)
     arrays = np.broadcast_arrays(*[np.asarray(i.const_value, dtype=np.int64) for i in given])
-    lead = np.array(x.shape[:k], dtype=np.int64)
-    idx = np.stack(arrays, axis=-1).reshape(-1, k)
-    if np.any(idx < -lead) or np.any(idx >= lead):
-        raise Fallback("index_put index out of range (torch raises)")
-    idx = np.where(idx < 0, idx + lead, idx)
-    inner = int(np.prod(x.shape[k:], dtype=np.int64))
-    slots = np.ravel_multi_index(tuple(idx.T), tuple(x.shape[:k]))
-    positions = (slots[:, None] * inner + np.arange(inner)[None, :]).reshape(
-        arrays[0].shape + tuple(x.shape[k:]))
+    try:  # ScatterND's positions: one index tuple per leading dims' slice
+        positions = scatter_positions(x.shape, np.stack(arrays, axis=-1))
+    except ValueError:
+        raise Fallback("index_put index out of range (torch raises)") from None
     upd = cx.op("broadcast", cx.cast(values, x.dtype), shape=positions.shape) \
         if tuple(values.shape) != positions.shape else cx.cast(values, x.dtype)
     if accumulate:

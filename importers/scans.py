@@ -63,20 +63,27 @@ def cumsum_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False):
     return y
 
 
-def take_along_axis_ir(cx, data, idx, axis: int):
-    """data read along `axis` at idx (same rank; module doc); indices in [-n, 0) count
-    from the end."""
-    shape, ishape = data.shape, idx.shape
-    n = shape[axis]
-    strides = np.cumprod((shape[1:] + (1,))[::-1])[::-1].astype(np.int64)
-    grid = np.indices(ishape, dtype=np.int64)
-    base = sum(grid[d] * strides[d] for d in range(len(shape)) if d != axis)
-    base = np.asarray(base, dtype=np.int64).reshape(ishape)
+def checked_index(cx, idx, n: int) -> tuple:
+    """(idx as i64 with [-n, 0) counted from the end, an i1 that is true where it is out of
+    [0, n)): a flat index built from several such is made out of range where any is
+    (a flat index alone could land inside the tensor)."""
     i = cx.cast(idx, "i64")
     below = cx.op("lt", i, cx.scalar(0, "i64"))
     i = cx.op("select", below, cx.op("add", i, cx.scalar(n, "i64")), i)
     bad = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")),
                 cx.op("ge", i, cx.scalar(n, "i64")))
+    return i, bad
+
+
+def take_along_axis_ir(cx, data, idx, axis: int):
+    """data read along `axis` at idx (same rank; module doc); indices in [-n, 0) count
+    from the end."""
+    shape, ishape = data.shape, idx.shape
+    strides = np.cumprod((shape[1:] + (1,))[::-1])[::-1].astype(np.int64)
+    grid = np.indices(ishape, dtype=np.int64)
+    base = sum(grid[d] * strides[d] for d in range(len(shape)) if d != axis)
+    base = np.asarray(base, dtype=np.int64).reshape(ishape)
+    i, bad = checked_index(cx, idx, shape[axis])
     total = int(np.prod(shape))
     flat_i = cx.op("add", cx.op("mul", i, cx.scalar(int(strides[axis]), "i64")),
                    cx.const(base))

@@ -3,10 +3,7 @@ other operands (cpu.Renderer._register_epilogue)."""
 
 from __future__ import annotations
 
-from llvmlite import ir
-
 from compiler.codegen.mathlib import FAST_F32
-from compiler.codegen.symbols import declare
 from compiler.codegen.ops_llvm import binary_float
 from compiler.ir import Value
 from compiler.ops import facets
@@ -50,13 +47,4 @@ def operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype, mask=N
                 inbounds=True)
     if mask is None:
         return b.load(ptr, typ=vtype, align=4)
-    return masked_load(b, ptr, vtype, mask)
-
-
-def masked_load(b, ptr, vtype, mask):
-    """llvm.masked.load of `vtype` at `ptr`: the lanes `mask` sets, zero in the others
-    (AVX-512 and AVX2 have the instruction; LLVM splits it into guarded loads elsewhere)."""
-
-    name = f"llvm.masked.load.v{vtype.count}f32.p0"  # LLVM 22's form: no alignment
-    fn = declare(b.module, name, vtype, [gemm.PTR, mask.type, vtype])
-    return b.call(fn, [ptr, mask, ir.Constant(vtype, None)])
+    return gemm.masked_load(b, ptr, vtype, mask)

@@ -530,6 +530,15 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
     return _phi_loop(b, k_outer, zeros, outer)
 
 
+def masked_load(b: ir.IRBuilder, ptr, vtype: ir.VectorType, mask):
+    """llvm.masked.load of `vtype` at `ptr` (LLVM 22's form: no alignment argument): the
+    lanes `mask` (a vector of i1) sets, zero in the others. AVX-512 and AVX2 have the
+    instruction; LLVM splits it into guarded loads elsewhere."""
+    fn = declare(b.module, f"llvm.masked.load.v{vtype.count}f32.p0", vtype,
+                 [PTR, mask.type, vtype])
+    return b.call(fn, [ptr, mask, ir.Constant(vtype, None)])
+
+
 def store_lanes(b: ir.IRBuilder, x, lanes: int, at) -> None:
     """Store the first `lanes` lanes of vector `x`, lane i at `at(i)` (a float pointer), as
     runs of a power of two lanes: 8 of 16 as one 256-bit store, 12 as 8 then 4, 3 as 2

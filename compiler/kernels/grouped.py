@@ -44,7 +44,7 @@ from llvmlite import ir
 
 from compiler.codegen.lowering import counted_loop
 from compiler.kernels import gemm
-from compiler.kernels.gemm import F32, I32, I64, PTR
+from compiler.kernels.gemm import F32, I32, I64
 
 # Output pixels per register tile: TILE accumulators, plus a weight vector and a tile's
 # loads, inside AVX-512's 32 registers.
@@ -269,26 +269,13 @@ def _mask(lanes: int, valid: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * valid + [0] * (lanes - valid))
 
 
-def _masked(b: ir.IRBuilder, op: str, lanes: int) -> ir.Function:
-    """llvm.masked.load / llvm.masked.store on `lanes` floats (LLVM 22's form: no alignment
-    argument)."""
-    name = f"llvm.masked.{op}.v{lanes}f32.p0"
-    try:
-        return b.module.get_global(name)
-    except KeyError:
-        t, m = _vec(lanes), ir.VectorType(ir.IntType(1), lanes)
-        sig = ir.FunctionType(t, [PTR, m, t]) if op == "load" else \
-            ir.FunctionType(ir.VoidType(), [t, PTR, m])
-        return ir.Function(b.module, sig, name)
-
-
 def _load_lanes(b: ir.IRBuilder, ptr, lanes: int, valid: int):
     """A vector of `lanes` floats at ptr, of which only the first `valid` are read (the
     rest are zero): a plain vector load when all are valid, else a masked one."""
     t = _vec(lanes)
     if valid >= lanes:
         return b.load(ptr, typ=t, align=4)
-    return b.call(_masked(b, "load", lanes), [ptr, _mask(lanes, valid), ir.Constant(t, None)])
+    return gemm.masked_load(b, ptr, t, _mask(lanes, valid))
 
 
 def _store_lanes(b: ir.IRBuilder, vec, ptr, lanes: int, valid: int) -> None:
