@@ -1,5 +1,7 @@
-"""1-d and 3-d windows as 2-d ones: convolutions and pooling the CPU kernels run; and
-conv taps that only ever read padding dropped (`trim_taps`).
+"""1-d and 3-d windows as 2-d ones: convolutions and pooling the CPU kernels run; conv
+taps that only ever read padding dropped (`trim_taps`); and a dilated conv whose taps
+mostly read padding split into one 1x1 conv per tap over the outputs it reads the
+image for (`split_taps`).
 
 braze's window kernels (compiler/kernels/conv.py, grouped.py, the pooling rows) are
 written for 2-d images in channels-last layout. Other ranks become 2-d windows plus
@@ -56,7 +58,9 @@ def lower_windows(graph: Graph, target: str = "cpu") -> bool:
     changed = False
     for node in list(graph.nodes):
         changed |= trim_taps(graph, node)
-        if _refusal(node) is None:
+        if split_taps(graph, node):
+            changed = True
+        elif _refusal(node) is None:
             lowered = _LOWER[(node.op, node.inputs[0].type.rank)](graph, node)
             graph.replace_all_uses(node.output, lowered)
             graph.remove_node(node)
@@ -97,6 +101,69 @@ def trim_taps(graph: Graph, node: Node) -> bool:
     kept = w.const_value[(slice(None), slice(None)) + tuple(slice(k0, k1 + 1) for k0, k1 in keep)]
     graph.set_input(node, 1, new_const(graph, node, kept, f"{w.name}.trimmed"))
     node.attrs["pads"] = tuple(pads)
+    return True
+
+
+# A dilated conv is split into one 1x1 conv per tap (`split_taps`) when at most this
+# share of its taps' products read the image (the rest read padding).
+SPLIT_MAX_USEFUL = 0.6
+
+
+def _tap_outputs(size: int, outs: int, k: int, d: int, p: int) -> list[tuple[int, int]]:
+    """For each tap t < k of a stride-1 window dim: the outputs [lo, hi) whose input
+    o - p + t*d lies in [0, size) (hi <= lo: none)."""
+    return [(max(0, p - t * d), min(outs, size + p - t * d)) for t in range(k)]
+
+
+def split_taps(graph: Graph, node: Node) -> bool:
+    """A dilated stride-1 conv whose taps mostly read padding (DeepLab's ASPP at
+    dilation 12 on a 14 x 14 map: 324 of its 9 x 196 tap-pixel products read the image)
+    as a sum of one 1x1 conv per tap over just the outputs that tap reads the image
+    for, each padded back to the output's size:
+
+        y = bias + sum over taps (i, j) of pad(conv1x1(x[rows_i, cols_j], w[:, :, i, j]))
+
+    in place (the conv's uses are re-pointed); whether it changed. Taken when at most
+    SPLIT_MAX_USEFUL of the products read the image: the kernel computes every product,
+    padding included (5.4x the work in that ASPP branch); the taps' weights are read
+    once either way. Exact up to the order the products are added in."""
+    if node.op != "conv" or node.attrs.get("layout", "NCHW") != "NCHW" \
+            or node.inputs[0].type.rank != 4 or not node.inputs[1].is_const \
+            or not node.inputs[0].type.static or node.inputs[0].dtype not in FLOATS:
+        return False
+    a = node.attrs
+    x, w = node.inputs[:2]
+    o, c, kh, kw = w.shape
+    if a["group"] != 1 or tuple(a["strides"]) != (1, 1) or max(a["dilations"]) == 1 \
+            or kh * kw == 1:
+        return False
+    (_, _, ho, wo), (_, _, h, wd) = node.output.shape, x.shape
+    rows = _tap_outputs(h, ho, kh, a["dilations"][0], a["pads"][0])
+    cols = _tap_outputs(wd, wo, kw, a["dilations"][1], a["pads"][1])
+    useful = sum(max(0, r1 - r0) * max(0, c1 - c0) for r0, r1 in rows for c0, c1 in cols)
+    if useful == 0 or useful > SPLIT_MAX_USEFUL * kh * kw * ho * wo:
+        return False
+    at = _At(graph, node)
+    weights = w.const_value
+    y = None
+    for i, (r0, r1) in enumerate(rows):
+        for j, (c0, c1) in enumerate(cols):
+            if r1 <= r0 or c1 <= c0:
+                continue
+            starts = (0, 0, r0 - a["pads"][0] + i * a["dilations"][0],
+                      c0 - a["pads"][1] + j * a["dilations"][1])
+            part = at.op("slice", x, starts=starts, steps=(1, 1, 1, 1),
+                         sizes=(x.shape[0], c, r1 - r0, c1 - c0))
+            tap = at.const(np.ascontiguousarray(weights[:, :, i:i + 1, j:j + 1]))
+            part = at.op("conv", part, tap, strides=(1, 1), pads=(0, 0, 0, 0),
+                         dilations=(1, 1), group=1)
+            if (r0, c0, r1, c1) != (0, 0, ho, wo):
+                part = at.op("pad", part, pads=(0, 0, r0, c0, 0, 0, ho - r1, wo - c1))
+            y = part if y is None else at.op("add", y, part)
+    if len(node.inputs) > 2:
+        y = at.op("add", y, at.reshape(node.inputs[2], (1, o, 1, 1)))
+    graph.replace_all_uses(node.output, y)
+    graph.remove_node(node)
     return True
 
 

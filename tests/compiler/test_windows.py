@@ -216,3 +216,45 @@ def test_taps_that_read_only_padding_are_dropped(dil, pad, size):
                                       torch.from_numpy(b).double(), padding=pad,
                                       dilation=dil).numpy()
     _close(got, want, 8 * 9)
+
+
+@pytest.mark.parametrize("size,dil,pad,bias", [
+    ((14, 14), (12, 12), (12, 12), True),  # DeepLab's ASPP branch at rate 12 on 14 x 14
+    ((9, 11), (6, 4), (6, 4), False),      # rectangular, unequal dilations
+    ((5, 7), (3, 5), (2, 5), True),        # pads smaller than the dilation
+])
+def test_a_dilated_conv_mostly_over_padding_runs_as_one_1x1_conv_per_tap(size, dil, pad, bias):
+    x = RNG.standard_normal((1, 8) + size).astype(np.float32)
+    w = RNG.standard_normal((6, 8, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(6).astype(np.float32) if bias else None
+    attrs = dict(kernel_shape=[3, 3], pads=[pad[0], pad[1], pad[0], pad[1]], dilations=list(dil))
+    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w, b), allow_fallback=False)
+    got = m(x)[0]
+    convs = [n for n in next(iter(m._specs.values())).plan.graph.nodes if n.op == "conv"]
+    assert len(convs) > 1 and all(n.inputs[1].shape[2:] == (1, 1) for n in convs)
+    want = torch.nn.functional.conv2d(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+        None if b is None else torch.from_numpy(b).double(), padding=pad, dilation=dil).numpy()
+    _close(got, want, 8 * 9)
+
+
+def test_a_dilated_conv_that_mostly_reads_the_image_stays_one_conv():
+    from compiler.passes.windows import split_taps
+
+    x = RNG.standard_normal((1, 8, 28, 28)).astype(np.float32)
+    w = RNG.standard_normal((6, 8, 3, 3)).astype(np.float32)
+    attrs = dict(kernel_shape=[3, 3], pads=[2] * 4, dilations=[2, 2])
+    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w), allow_fallback=False)
+    got = m(x)[0]
+    convs = [n for n in next(iter(m._specs.values())).plan.graph.nodes if n.op == "conv"]
+    assert len(convs) == 1 and convs[0].inputs[1].shape[2:] == (3, 3)
+    g = parse_graph("""
+graph g(%x: f32[1,8,14,14]) -> (%y) {
+  %w = const() {value=@w} : f32[6,8,3,3]
+  %y = conv(%x, %w) {strides=[2, 2], pads=[12, 12, 12, 12], dilations=[12, 12], group=1} : f32[1,6,7,7]
+}
+""", {"w": w})
+    assert not split_taps(g, g.nodes[-1])  # strided: left to the kernel
+    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                      padding=2, dilation=2).numpy()
+    _close(got, want, 8 * 9)
