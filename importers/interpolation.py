@@ -173,7 +173,8 @@ def resize_ir(cx, x, how: Interpolation, out: list[int], factors: list[float],
         raise NotInterpolable(f"resizing {x.dtype} data")
     if any(n <= 0 for n in out) or 0 in x.shape:
         raise NotInterpolable("an empty input or output")
-    for axis, (n_in, n_out) in enumerate(zip(x.shape, out)):
+    for axis in _axis_order(x.shape, out):
+        n_in, n_out = x.shape[axis], out[axis]
         if n_in == n_out and factors[axis] == 1.0:
             continue
         at = None if coordinates is None else coordinates(axis, n_in, n_out)
@@ -181,6 +182,20 @@ def resize_ir(cx, x, how: Interpolation, out: list[int], factors: list[float],
         if not taps.is_identity():
             x = _resize_axis(cx, x, axis, taps)
     return x
+
+
+def _axis_order(shape, out) -> list[int]:
+    """The order the axes are resized in. A gather along the last axis reads a computed
+    position per element (no vectors); along any other it reads whole rows, which the
+    loop vectorizer widens. So the last axis goes first when the others grow, and the
+    few elements it is gathered for are the input's: a 28x28 -> 224x224 bilinear
+    upsample of 21 channels, NCHW, gathered 131K elements one by one instead of 1M
+    (2.26 -> 0.5 ms at 1 thread; onnxruntime 0.78)."""
+    axes = list(range(len(shape)))
+    if not axes:
+        return axes
+    grow = np.prod(out[:-1], dtype=np.float64) >= np.prod(shape[:-1], dtype=np.float64)
+    return axes[-1:] + axes[:-1] if grow else axes
 
 
 def _resize_axis(cx, x, axis: int, taps: Taps):

@@ -121,6 +121,8 @@ class ElementEmitter:
         base = self.buffers[v] if base is None else base
         ptr = self.b.gep(base, [off], source_etype=storage_type(v.dtype), inbounds=True)
         x = self.b.load(ptr, typ=storage_type(v.dtype))
+        if v.is_const:  # never written while the code runs: LLVM may hoist the load
+            x.set_metadata("invariant.load", self.b.module.add_metadata([]))
         return self.b.icmp_unsigned("!=", x, ir.Constant(x.type, 0)) if v.dtype == "bool" else x
 
     def _operand_index(self, idx: list, u: Value, out: Value) -> list:

@@ -72,6 +72,17 @@ def test_constant_nonzero_divisor_needs_no_check():
     assert [n.op for n in faults.sites(g)] == ["div"]
 
 
+def test_constant_in_range_gather_indices_need_no_check():
+    g = Graph("g")
+    x = g.add_input("x", TensorType("f32", (10, 3)))
+    fine = g.add_node("const", [], {"value": np.array([0, 9, -10, 4], np.int64)}).output
+    g.outputs = [g.add_node("gather", [x, fine], {"axis": 0}).output]
+    assert faults.sites(g) == []
+    bad = g.add_node("const", [], {"value": np.array([0, 10], np.int64)}).output
+    g.outputs = [g.add_node("gather", [x, bad], {"axis": 0}).output]
+    assert [n.op for n in faults.sites(g)] == ["gather"]
+
+
 def test_error_classes_are_python_ones_too():
     assert issubclass(BrazeIndexError, IndexError) and issubclass(BrazeIndexError, BrazeError)
     assert issubclass(DivisionByZeroError, ZeroDivisionError)
