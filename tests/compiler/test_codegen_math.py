@@ -140,8 +140,9 @@ def test_float64_uses_exact_libm():
             np.testing.assert_allclose(got, fn(x), rtol=5e-16, atol=1e-300)  # 2 ulp
 
 
-def _run_exp_nonpositive(x: np.ndarray, lanes: int) -> np.ndarray:
-    """mathlib.exp_nonpositive_f32 on x (a multiple of `lanes` long), as <lanes x float>."""
+def _run_exp_nonpositive(x: np.ndarray, lanes: int, fn=None, target=None) -> np.ndarray:
+    """mathlib.exp_nonpositive_f32 (or `fn`) on x (a multiple of `lanes` long), as
+    <lanes x float>, in a module marked for `target` (mathlib.for_target) if given."""
     import ctypes
 
     from llvmlite import ir
@@ -153,6 +154,9 @@ def _run_exp_nonpositive(x: np.ndarray, lanes: int) -> np.ndarray:
     f32 = ir.FloatType()
     vt = ir.VectorType(f32, lanes) if lanes > 1 else f32
     module = ir.Module("expneg")
+    if target is not None:
+        mathlib.for_target(module, target)
+    math_fn = fn or mathlib.exp_nonpositive_f32
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * 2), "run")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
 
@@ -160,7 +164,7 @@ def _run_exp_nonpositive(x: np.ndarray, lanes: int) -> np.ndarray:
         off = b.mul(i, ir.Constant(ir.IntType(64), lanes))
         src = b.gep(fn.args[0], [off], source_etype=f32)
         dst = b.gep(fn.args[1], [off], source_etype=f32)
-        b.store(mathlib.exp_nonpositive_f32(b, b.load(src, typ=vt, align=4)), dst, align=4)
+        b.store(math_fn(b, b.load(src, typ=vt, align=4)), dst, align=4)
 
     for_range(b, len(x) // lanes, body)
     b.ret_void()
@@ -185,3 +189,28 @@ def test_exp_nonpositive_matches_exp_on_its_domain(lanes):
     assert err.max() <= ULPS["exp"], x[int(np.argmax(err))]
     assert np.isnan(got[np.isnan(x)]).all()
     assert got[x == 0].tolist() == [1.0] * int((x == 0).sum())
+
+
+@pytest.mark.parametrize("op", ["exp", "sigmoid"])
+def test_avx512_register_vectors_scale_by_float_exponents(op):
+    """A register epilogue's 16-float vectors on AVX-512 scale exp's 2^n with vscalefps
+    on n as a float (mathlib._scalef: no conversions) and sigmoid lets a NaN flow
+    through instead of selecting it back: the same bounds, specials and NaNs."""
+    from compiler import target as targets
+
+    host = targets.parse("cpu")
+    if "avx512f" not in host.isa:
+        pytest.skip("this CPU has no AVX-512")
+    x = _sweep(16)
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)])
+    got = _run_exp_nonpositive(x, 16, fn=mathlib.FAST_F32[op], target=host)
+    finite = ~np.isnan(x) if op == "sigmoid" else (~np.isnan(x)) & (x <= mathlib.EXP_HI)
+    if op == "sigmoid":
+        finite &= x > -87
+    err = ulp_error(got[finite], _reference(op, x[finite]))
+    assert err.max() <= ULPS[op], x[finite][int(np.argmax(err))]
+    assert np.isnan(got[np.isnan(x)]).all()
+    ref = {"exp": {np.inf: np.inf, -np.inf: 0.0, 89.0: np.inf, -104.0: 0.0},
+           "sigmoid": {np.inf: 1.0, -np.inf: 0.0, 0.0: 0.5}}[op]
+    for v, want in ref.items():
+        assert got[x == np.float32(v)][0] == want, v
