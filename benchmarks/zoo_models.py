@@ -268,5 +268,10 @@ def extra_models() -> list[ZooModel]:
                hf_encoder("albert", "AlbertModel", "AlbertConfig", hidden_size=768,
                           num_attention_heads=12, intermediate_size=3072),
                hf_encoder("electra", "ElectraModel", "ElectraConfig"),
-               hf_encoder("t5_encoder", "T5EncoderModel", "T5Config")]
+               hf_encoder("t5_encoder", "T5EncoderModel", "T5Config"),
+               # a decoder-only LLM block stack: RMSNorm, rotary embeddings, grouped-query
+               # causal attention, a SiLU-gated MLP (Llama's; Mistral's and Qwen2's alike)
+               hf_encoder("llama", "LlamaModel", "LlamaConfig", hidden_size=768,
+                          intermediate_size=2048, num_hidden_layers=4,
+                          num_attention_heads=12, num_key_value_heads=4, vocab_size=VOCAB)]
     return models

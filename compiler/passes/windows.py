@@ -26,7 +26,8 @@ or a max or average pool:
   max_pool3d(x)[n,c,d] = max_k max_pool2d(x_k[n,c,d]) (one 2-d pool per depth tap);
   avg_pool3d(x)[n,c,d] = (1/KD) sum_k avg_pool2d(x_k[n,c,d]) where every tap counts
   the same elements: no depth padding, or padding counted (count_include_pad); a
-  depth-padded average that leaves the padding out stays on the host.
+  depth-padded average that leaves the padding out is the padding-counted one times
+  (window size) / (its elements in the image), a constant per output position.
 The concatenation holds KD copies of the (strided) input: a video model's 3x3x3
 convs read 3x their input once, then run on the register-blocked GEMM as any conv.
 
@@ -174,9 +175,6 @@ def _refusal(node: Node) -> str | None:
         return "not a 1-d or 3-d window this pass lowers"
     if node.op == "conv" and x.type.rank == 3 and node.attrs["group"] != 1:
         return "grouped 1-d convs have their own kernel"
-    if node.op == "avg_pool" and x.type.rank == 5 and not node.attrs["count_include_pad"] \
-            and (node.attrs["pads"][0] or node.attrs["pads"][3]):
-        return "a depth-padded average that does not count the padding"
     if node.attrs.get("layout", "NCHW") != "NCHW" or not x.type.static:
         return "not a static channels-first window"
     if x.dtype not in FLOATS or any(not v.type.static for v in node.inputs):
@@ -309,14 +307,31 @@ def _conv3d(graph: Graph, node: Node) -> Value:
     return _volume_first(at, y, node.output.shape)
 
 
+def window_counts(in_dims, out_dims, kernel, attrs: dict, region) -> np.ndarray:
+    """Per output position of a window op (`attrs`: strides, pads, dilations), how many
+    of its window's elements lie in the image grown by `region` (begin..end pads per
+    dim; zeros: the image alone), as float64 of shape out_dims."""
+    n = len(in_dims)
+    counts = np.ones((), np.float64)
+    for i in range(n):
+        start = np.arange(out_dims[i]) * attrs["strides"][i] - attrs["pads"][i]
+        taps = start[:, None] + np.arange(kernel[i]) * attrs["dilations"][i]
+        inside = (taps >= -region[i]) & (taps < in_dims[i] + region[n + i])
+        counts = np.multiply.outer(counts, inside.sum(axis=1))
+    return counts
+
+
 def _pool3d(graph: Graph, node: Node) -> Value:
     """max: the largest of the taps' 2-d maxima. avg: the mean of the taps' 2-d means,
-    exact when every tap has the same count (no depth padding, or padding counted)."""
+    exact when every tap has the same count (no depth padding, or padding counted); a
+    depth-padded average that leaves the padding out is the padding-counted one times
+    (window size) / (its elements in the image) per output position, a constant."""
     at = _At(graph, node)
     a = node.attrs
     kd, kh, kw = a["kernel"]
     average = node.op == "avg_pool"
-    extra = {"count_include_pad": a["count_include_pad"]} if average else {}
+    rescale = average and not a["count_include_pad"] and (a["pads"][0] or a["pads"][3])
+    extra = {"count_include_pad": a["count_include_pad"] or rescale} if average else {}
     taps = _depth_taps(at, node, _volume_last(at, node, 0.0 if average else -math.inf), kd)
     pooled = [at.op(node.op, _images(at, t), kernel=(kh, kw), **_plane_attrs(a), **extra)
               for t in taps]
@@ -325,7 +340,13 @@ def _pool3d(graph: Graph, node: Node) -> Value:
         y = at.op("add" if average else "max", y, p)
     if average and kd > 1:
         y = at.op("mul", y, at.const(np.array(1.0 / kd, np.float32)))
-    return _volume_first(at, y, node.output.shape)
+    y = _volume_first(at, y, node.output.shape)
+    if rescale:
+        inside = window_counts(node.inputs[0].shape[2:], node.output.shape[2:], a["kernel"],
+                               a, [0] * 6)
+        ratio = (kd * kh * kw / inside).reshape((1, 1) + inside.shape).astype(np.float32)
+        y = at.op("mul", y, at.const(ratio))
+    return y
 
 
 _LOWER = {("conv", 3): _conv1d, ("max_pool", 3): _pool1d, ("avg_pool", 3): _pool1d,

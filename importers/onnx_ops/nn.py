@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from compiler.errors import InvalidModelError
+from compiler.passes.windows import window_counts
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 
@@ -219,12 +222,25 @@ def convert_max_pool(cx: NodeContext):
 def convert_avg_pool(cx: NodeContext):
     kernel = list(cx.attr("kernel_shape"))
     include_pad = bool(cx.attr("count_include_pad", 0))
-    if include_pad and cx.attr("ceil_mode", 0):
-        raise Fallback("AveragePool with ceil_mode and count_include_pad: the extra "
-                       "ceil window is not counted as padding")
     attrs = _window_attrs(cx, cx.x.shape[2:], kernel)
+    if include_pad and cx.attr("ceil_mode", 0):
+        return [_ceil_average_counting_pads(cx, kernel, attrs)]
     return [cx.op("avg_pool", cx.x, kernel=tuple(kernel), count_include_pad=include_pad,
                   **attrs)]
+
+
+def _ceil_average_counting_pads(cx: NodeContext, kernel, attrs: dict):
+    """AveragePool with ceil_mode and count_include_pad: the divisor counts the declared
+    pads but not the end padding ceil_mode adds (ONNX's reference, onnxruntime). As the
+    average over whole windows (count_include_pad over the grown pads: a divisor of the
+    kernel's size everywhere) times, per output position, (kernel size) / (its elements
+    in the image or the declared pads): both known here, per dim, and multiply."""
+    in_dims = cx.x.shape[2:]
+    declared = _auto_pads(cx, in_dims, kernel, attrs["strides"], attrs["dilations"])
+    pooled = cx.op("avg_pool", cx.x, kernel=tuple(kernel), count_include_pad=True, **attrs)
+    counted = window_counts(in_dims, pooled.shape[2:], kernel, attrs, declared)
+    ratio = float(np.prod(kernel)) / counted
+    return cx.op("mul", pooled, cx.const(ratio.reshape((1, 1) + ratio.shape).astype(np.float32)))
 
 
 @converter("GlobalAveragePool", 1)

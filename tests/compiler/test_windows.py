@@ -178,15 +178,37 @@ def test_avg_pool3d_matches_torch(pads, include):
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
 
 
-def test_a_depth_padded_average_without_the_padding_stays_on_the_host():
+def test_a_depth_padded_average_without_the_padding_compiles_rescaled():
+    # the padding-counted average times (window size) / (its elements in the image)
     x_shape = (1, 3, 6, 7, 7)
     attrs = dict(kernel_shape=[3, 3, 3], pads=[1, 1, 1, 1, 1, 1], count_include_pad=0)
-    m = bridge.compile_onnx(_onnx_model("AveragePool", x_shape, attrs))
-    assert "3-d windows" in m.explain()
+    m = bridge.compile_onnx(_onnx_model("AveragePool", x_shape, attrs), allow_fallback=False)
     x = RNG.standard_normal(x_shape).astype(np.float32)
-    want = torch.nn.functional.avg_pool3d(torch.from_numpy(x), 3, 1, 1,
+    got = m(x)[0]
+    assert "17 of 17 nodes compiled by braze" in m.explain()
+    want = torch.nn.functional.avg_pool3d(torch.from_numpy(x).double(), 3, 1, 1,
                                           count_include_pad=False).numpy()
-    np.testing.assert_allclose(m(x)[0], want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("x_shape,kernel,strides,pads", [
+    ((1, 2, 9), [2], [2], [0, 0]),                     # Funnel's pooling: 9 -> 5
+    ((1, 2, 7, 8), [3, 2], [2, 3], [1, 1, 1, 0]),
+    ((1, 2, 5, 6, 7), [2, 3, 2], [2, 2, 2], [1, 0, 1, 1, 0, 1]),
+])
+def test_a_ceil_mode_average_counting_its_pads_compiles(x_shape, kernel, strides, pads):
+    # the divisor counts the declared pads, not the end padding ceil_mode adds
+    attrs = dict(kernel_shape=kernel, strides=strides, pads=pads, ceil_mode=1,
+                 count_include_pad=1)
+    model = _onnx_model("AveragePool", x_shape, attrs)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = _braze(model, x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
