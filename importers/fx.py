@@ -236,8 +236,10 @@ class _Importer:
         if values and target._schema.is_mutable:
             return None
 
-        def tensor(a):
-            return torch.from_numpy(np.array(a.const_value)) if isinstance(a, Value) else a
+        def tensor(a):  # row-major, as the graph's value was (a folded transpose's array
+            # is not: aten.view on it raised, and BEiT's graph ran eagerly)
+            return (torch.from_numpy(np.array(a.const_value, order="C"))
+                    if isinstance(a, Value) else a)
 
         return self._evaluate(target, _map(args, tensor),
                               {k: _map(v, tensor) for k, v in kwargs.items()}, val)

@@ -149,6 +149,41 @@ def test_an_unconverted_op_on_constants_is_computed_once_at_import():
     np.testing.assert_array_equal(_run(imp, [x])[0], fn(x).numpy())
 
 
+class _RelativePositionBias(torch.nn.Module):
+    """BEiT's relative position bias, its index built in forward as BEiT builds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(52, 4))
+
+    def forward(self, x):
+        c = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij"))
+        rel = (c.flatten(1)[:, :, None] - c.flatten(1)[:, None, :]).permute(1, 2, 0).contiguous()
+        rel[:, :, 0] += 3
+        rel[:, :, 1] += 3
+        rel[:, :, 0] *= 7
+        idx = torch.zeros(17, 17, dtype=rel.dtype)
+        idx[1:, 1:] = rel.sum(-1)
+        idx[0, 0:] = 49
+        idx[0:, 0] = 50
+        idx[0, 0] = 51  # a 0-d constant copied in: it stays 0-d
+        bias = self.table[idx.view(-1)].view(17, 17, 4).permute(2, 0, 1).contiguous()
+        return x + bias
+
+
+def test_constants_computed_by_torch_at_import_are_row_major_and_keep_their_rank():
+    """A permuted constant made contiguous, then viewed: the array torch computes it from
+    at import is row-major, as the graph's value was (a folded transpose's array was
+    not: aten.view on it raised, and BEiT's whole graph ran eagerly)."""
+    m = _RelativePositionBias().eval()
+    x = torch.randn(1, 4, 17, 17)
+    with torch.no_grad():
+        want = m(x)
+        got = torch.compile(m, backend="braze", options={"strict": True,
+                                                         "allow_fallback": False})(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_an_unconverted_op_on_a_run_time_value_still_runs_on_torch():
     x = torch.randn(4, 6)
     _, imp = _import(lambda x: torch.cumprod(x, 0) + torch.cumprod(torch.ones(4, 6), 1), x)
