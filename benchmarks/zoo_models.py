@@ -251,7 +251,7 @@ def all_models() -> list[ZooModel]:
 def extra_models() -> list[ZooModel]:
     """Models no issue names (`python -m benchmarks.zoo --extra`): other torchvision
     classifiers (grouped, fused-MBConv, plain VGG/AlexNet, MaxViT, Swin V2), segmentation
-    (dilated convs, upsampling), video (3-d and (2+1)-d convs) and other `transformers`
+    (dilated convs, ASPP, upsampling), video (3-d and (2+1)-d convs) and other `transformers`
     encoders. Not in the default run, for time; a check that braze's capabilities are
     general, not a table of the named models."""
     models = [torchvision_model(n) for n in (
@@ -261,6 +261,7 @@ def extra_models() -> list[ZooModel]:
     models.append(torchvision_model("swin_v2_t", size=256))
     models += [segmentation_model("lraspp_mobilenet_v3_large"),
                segmentation_model("deeplabv3_mobilenet_v3_large"),
+               segmentation_model("deeplabv3_resnet50"),
                video_model("r3d_18"), video_model("r2plus1d_18")]
     models += [hf_encoder("distilbert", "DistilBertModel", "DistilBertConfig"),
                hf_encoder("roberta", "RobertaModel", "RobertaConfig"),

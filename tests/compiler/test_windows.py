@@ -280,3 +280,41 @@ graph g(%x: f32[1,8,14,14]) -> (%y) {
     want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
                                       padding=2, dilation=2).numpy()
     _close(got, want, 8 * 9)
+
+
+@pytest.mark.parametrize("size,dil,bias", [
+    ((28, 28), (4, 4), True),   # a dilated ResNet's last stage (DeepLab, FCN)
+    ((30, 29), (2, 3), False),  # sides not whole phases, unequal dilations
+])
+def test_a_dilated_3x3_conv_runs_undilated_over_its_phases(size, dil, bias):
+    # space-to-batch: an undilated conv over the dy x dx phases, on Winograd's kernel
+    x = RNG.standard_normal((1, 16) + size).astype(np.float32)
+    w = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(32).astype(np.float32) if bias else None
+    attrs = dict(kernel_shape=[3, 3], pads=[dil[0], dil[1], dil[0], dil[1]], dilations=list(dil))
+    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w, b), allow_fallback=False)
+    got = m(x)[0]
+    spec = next(iter(m._specs.values()))
+    conv = next(n for n in spec.plan.graph.nodes if n.op == "conv")
+    assert tuple(conv.attrs["dilations"]) == (1, 1)
+    assert conv.inputs[0].shape[0] == dil[0] * dil[1]  # the phases, in the batch
+    kernels = spec.parts[0].compiled.kernels
+    assert any(k.impl is not None and k.impl.name == "winograd" for k in kernels)
+    want = torch.nn.functional.conv2d(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+        None if b is None else torch.from_numpy(b).double(), padding=dil, dilation=dil).numpy()
+    _close(got, want, 16 * 9 * 4)  # Winograd's transforms: a few times a direct sum's rounding
+
+
+def test_a_dilated_conv_with_phases_too_small_for_winograd_stays_dilated():
+    x = RNG.standard_normal((1, 16, 14, 14)).astype(np.float32)
+    w = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    attrs = dict(kernel_shape=[3, 3], pads=[4] * 4, dilations=[4, 4])
+    # 14 x 14 at dilation 4: 4 x 4 phases, below Winograd's smallest side
+    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w), allow_fallback=False)
+    got = m(x)[0]
+    conv = next(n for n in next(iter(m._specs.values())).plan.graph.nodes if n.op == "conv")
+    assert conv.inputs[0].shape[0] == 1
+    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                      padding=4, dilation=4).numpy()
+    _close(got, want, 16 * 9)
