@@ -193,10 +193,15 @@ def read_unpacked(graph: Graph, kernels) -> set[Value]:
 
 def cache_key(graph: Graph, target: targets.Target) -> str:
     """The compile cache's key for a cluster: its IR text, the target CPU (triple, name,
-    features), braze's version and a fingerprint of the compiler's own source (a changed
-    codegen never reuses code)."""
+    features), braze's version, a fingerprint of the compiler's own source (a changed
+    codegen never reuses code) and which nodes check for run-time faults: the text
+    names large constants without their values, and whether a gather's constant indices
+    or a division's constant divisor need a check (and the cluster a fault slot) depends
+    on those values (faults.code_of)."""
     text = print_graph(graph)
-    parts = [text, *target.key(), __version__, compiler_fingerprint()]
+    checks = ",".join(f"{i}:{faults.code_of(n)}" for i, n in enumerate(graph.nodes)
+                      if faults.code_of(n))
+    parts = [text, checks, *target.key(), __version__, compiler_fingerprint()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
