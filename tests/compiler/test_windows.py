@@ -318,3 +318,25 @@ def test_a_dilated_conv_with_phases_too_small_for_winograd_stays_dilated():
     want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
                                       padding=4, dilation=4).numpy()
     _close(got, want, 16 * 9)
+
+
+@pytest.mark.parametrize("strides,pads,dil,group", [
+    ((1, 1, 1), (1, 0, 0, 1, 0, 0), (1, 1, 1), 1),   # R(2+1)D's temporal conv
+    ((2, 1, 1), (0, 0, 0, 1, 0, 0), (2, 1, 1), 2),
+])
+def test_a_temporal_conv_reads_its_depth_taps_in_place(strides, pads, dil, group):
+    # KD x 1 x 1: a 2-d KD x 1 conv over N, C, D, H*W, no KD-fold copy of the input
+    x = RNG.standard_normal((1, 8, 6, 5, 7)).astype(np.float32)
+    w = RNG.standard_normal((16, 8 // group, 3, 1, 1)).astype(np.float32)
+    attrs = dict(kernel_shape=[3, 1, 1], strides=list(strides), pads=list(pads),
+                 dilations=list(dil), group=group)
+    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w), allow_fallback=False)
+    got = m(x)[0]
+    nodes = next(iter(m._specs.values())).plan.graph.nodes
+    assert not any(n.op == "concat" for n in nodes)
+    conv = next(n for n in nodes if n.op == "conv")
+    assert conv.inputs[1].shape[2:] == (3, 1)
+    xp = torch.nn.functional.pad(torch.from_numpy(x).double(), (0, 0, 0, 0, pads[0], pads[3]))
+    want = torch.nn.functional.conv3d(xp, torch.from_numpy(w).double(), stride=strides,
+                                      dilation=dil, groups=group).numpy()
+    _close(got, want, 8 * 3)
