@@ -113,6 +113,14 @@ def trim_taps(graph: Graph, node: Node) -> bool:
 SPLIT_MAX_USEFUL = 0.6
 
 
+def _plain_conv2d(node: Node) -> bool:
+    """Whether `node` is a 2-d float conv, channels-first, of static shape with a
+    constant weight (what split_taps and dilated_phases rewrite)."""
+    return node.op == "conv" and node.attrs.get("layout", "NCHW") == "NCHW" \
+        and node.inputs[0].type.rank == 4 and node.inputs[1].is_const \
+        and node.inputs[0].type.static and node.inputs[0].dtype in FLOATS
+
+
 def _tap_outputs(size: int, outs: int, k: int, d: int, p: int) -> list[tuple[int, int]]:
     """For each tap t < k of a stride-1 window dim: the outputs [lo, hi) whose input
     o - p + t*d lies in [0, size) (hi <= lo: none)."""
@@ -131,9 +139,7 @@ def split_taps(graph: Graph, node: Node) -> bool:
     SPLIT_MAX_USEFUL of the products read the image: the kernel computes every product,
     padding included (5.4x the work in that ASPP branch); the taps' weights are read
     once either way. Exact up to the order the products are added in."""
-    if node.op != "conv" or node.attrs.get("layout", "NCHW") != "NCHW" \
-            or node.inputs[0].type.rank != 4 or not node.inputs[1].is_const \
-            or not node.inputs[0].type.static or node.inputs[0].dtype not in FLOATS:
+    if not _plain_conv2d(node):
         return False
     a = node.attrs
     x, w = node.inputs[:2]
@@ -184,9 +190,7 @@ def dilated_phases(graph: Graph, node: Node) -> bool:
     padding reads as zeros too)."""
     from compiler.kernels.winograd import MIN_SIDE
 
-    if node.op != "conv" or node.attrs.get("layout", "NCHW") != "NCHW" \
-            or node.inputs[0].type.rank != 4 or not node.inputs[1].is_const \
-            or not node.inputs[0].type.static or node.inputs[0].dtype not in FLOATS:
+    if not _plain_conv2d(node):
         return False
     a = node.attrs
     x, w = node.inputs[:2]
