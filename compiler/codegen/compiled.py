@@ -199,8 +199,8 @@ def cache_key(graph: Graph, target: targets.Target) -> str:
     or a division's constant divisor need a check (and the cluster a fault slot) depends
     on those values (faults.code_of)."""
     text = print_graph(graph)
-    checks = ",".join(f"{i}:{faults.code_of(n)}" for i, n in enumerate(graph.nodes)
-                      if faults.code_of(n))
+    codes = (faults.code_of(n) for n in graph.nodes)
+    checks = ",".join(f"{i}:{c}" for i, c in enumerate(codes) if c)
     parts = [text, checks, *target.key(), __version__, compiler_fingerprint()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 

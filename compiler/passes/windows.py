@@ -92,7 +92,7 @@ def trim_taps(graph: Graph, node: Node) -> bool:
         size, k = x.shape[2 + i], w.shape[2 + i]
         s, d, p = a["strides"][i], a["dilations"][i], a["pads"][i]
         outs = node.output.shape[2 + i]
-        valid = [t for t in range(k) if any(0 <= o * s - p + t * d < size for o in range(outs))]
+        valid = [t for t, (lo, hi) in enumerate(_tap_outputs(size, outs, k, d, p, s)) if hi > lo]
         if not valid:
             return False  # an all-padding window: leave it to the kernel
         k0, k1 = valid[0], valid[-1]
@@ -121,10 +121,12 @@ def _plain_conv2d(node: Node) -> bool:
         and node.inputs[0].type.static and node.inputs[0].dtype in FLOATS
 
 
-def _tap_outputs(size: int, outs: int, k: int, d: int, p: int) -> list[tuple[int, int]]:
-    """For each tap t < k of a stride-1 window dim: the outputs [lo, hi) whose input
-    o - p + t*d lies in [0, size) (hi <= lo: none)."""
-    return [(max(0, p - t * d), min(outs, size + p - t * d)) for t in range(k)]
+def _tap_outputs(size: int, outs: int, k: int, d: int, p: int,
+                 s: int = 1) -> list[tuple[int, int]]:
+    """For each tap t < k of a window dim: the outputs [lo, hi) whose input o*s - p + t*d
+    lies in [0, size) (hi <= lo: none); a run, since the input grows with o."""
+    return [(max(0, -(-(p - t * d) // s)), min(outs, (size - 1 + p - t * d) // s + 1))
+            for t in range(k)]
 
 
 def split_taps(graph: Graph, node: Node) -> bool:
@@ -393,10 +395,11 @@ def _conv3d_temporal(at: _At, node: Node) -> Value:
     return at.op("transpose", y, perm=to_first(5))
 
 
-def window_counts(in_dims, out_dims, kernel, attrs: dict, region) -> np.ndarray:
-    """Per output position of a window op (`attrs`: strides, pads, dilations), how many
-    of its window's elements lie in the image grown by `region` (begin..end pads per
-    dim; zeros: the image alone), as float64 of shape out_dims."""
+def count_ratio(in_dims, out_dims, kernel, attrs: dict, region) -> np.ndarray:
+    """The factor that turns a whole-window average into one over the elements in the
+    image grown by `region` (begin..end pads per dim; zeros: the image alone): per
+    output position of a window op (`attrs`: strides, pads, dilations), (window size) /
+    (its elements there), float32 shaped 1, 1, *out_dims to multiply an N, C, ... output."""
     n = len(in_dims)
     counts = np.ones((), np.float64)
     for i in range(n):
@@ -404,7 +407,8 @@ def window_counts(in_dims, out_dims, kernel, attrs: dict, region) -> np.ndarray:
         taps = start[:, None] + np.arange(kernel[i]) * attrs["dilations"][i]
         inside = (taps >= -region[i]) & (taps < in_dims[i] + region[n + i])
         counts = np.multiply.outer(counts, inside.sum(axis=1))
-    return counts
+    ratio = float(np.prod(kernel)) / counts
+    return ratio.reshape((1, 1) + ratio.shape).astype(np.float32)
 
 
 def _pool3d(graph: Graph, node: Node) -> Value:
@@ -428,10 +432,9 @@ def _pool3d(graph: Graph, node: Node) -> Value:
         y = at.op("mul", y, at.const(np.array(1.0 / kd, np.float32)))
     y = _volume_first(at, y, node.output.shape)
     if rescale:
-        inside = window_counts(node.inputs[0].shape[2:], node.output.shape[2:], a["kernel"],
-                               a, [0] * 6)
-        ratio = (kd * kh * kw / inside).reshape((1, 1) + inside.shape).astype(np.float32)
-        y = at.op("mul", y, at.const(ratio))
+        y = at.op("mul", y, at.const(count_ratio(node.inputs[0].shape[2:],
+                                                 node.output.shape[2:], a["kernel"], a,
+                                                 [0] * 6)))
     return y
 
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from compiler.errors import InvalidModelError
-from compiler.passes.windows import window_counts
+from compiler.passes.windows import count_ratio
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 
@@ -238,9 +236,8 @@ def _ceil_average_counting_pads(cx: NodeContext, kernel, attrs: dict):
     in_dims = cx.x.shape[2:]
     declared = _auto_pads(cx, in_dims, kernel, attrs["strides"], attrs["dilations"])
     pooled = cx.op("avg_pool", cx.x, kernel=tuple(kernel), count_include_pad=True, **attrs)
-    counted = window_counts(in_dims, pooled.shape[2:], kernel, attrs, declared)
-    ratio = float(np.prod(kernel)) / counted
-    return cx.op("mul", pooled, cx.const(ratio.reshape((1, 1) + ratio.shape).astype(np.float32)))
+    return cx.op("mul", pooled, cx.const(count_ratio(in_dims, pooled.shape[2:], kernel, attrs,
+                                                     declared)))
 
 
 @converter("GlobalAveragePool", 1)

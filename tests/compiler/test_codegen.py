@@ -170,20 +170,11 @@ def test_inner_loops_are_vectorized():
     assert len(cg.kernels) == 1 and "define void @\"run\"" in cg.llvm_ir
 
 
-def test_object_code_round_trips_through_a_cache():
-    store: dict = {}
-
-    class Cache:
-        def get(self, key):
-            return store.get(key)
-
-        def put(self, key, payload):
-            store[key] = payload
-
+def test_object_code_round_trips_through_a_cache(memory_cache):
     g = _add_graph((5,))
-    first = CpuStep(compile_graph(g, cache=Cache()))
-    second = CpuStep(compile_graph(g, cache=Cache()))
-    assert len(store) == 1 and first.object_code == second.object_code
+    first = CpuStep(compile_graph(g, cache=memory_cache))
+    second = CpuStep(compile_graph(g, cache=memory_cache))
+    assert len(memory_cache.store) == 1 and first.object_code == second.object_code
     a = np.arange(5, dtype=np.float32)
     np.testing.assert_array_equal(second.run([a, a])[0], 2 * a)
 

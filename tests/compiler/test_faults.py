@@ -87,18 +87,9 @@ def test_constant_in_range_gather_indices_need_no_check():
     ("gather", [0, 9, 3, 4] * 8, [0, 10, 3, 4] + [0, 9, 3, 4] * 7),
     ("div", [3, 2, 1, 1] * 8, [3, 0, 1, 1] + [3, 2, 1, 1] * 7),
 ])
-def test_the_compile_cache_tells_checked_from_unchecked_constants(op, good, bad):
+def test_the_compile_cache_tells_checked_from_unchecked_constants(op, good, bad, memory_cache):
     # the graph text names a large constant without its values; whether it needs a
     # run-time check does depend on them: a cached unchecked kernel must not serve it
-    store: dict = {}
-
-    class Cache:
-        def get(self, key):
-            return store.get(key)
-
-        def put(self, key, payload):
-            store[key] = payload
-
     def graph(values):
         g = Graph("g")
         if op == "gather":
@@ -114,10 +105,10 @@ def test_the_compile_cache_tells_checked_from_unchecked_constants(op, good, bad)
     from runtime.cpu import CpuStep
 
     x = TABLE if op == "gather" else np.arange(32, dtype=np.int32)
-    CpuStep(compile_graph(graph(good), cache=Cache())).run([x])
+    CpuStep(compile_graph(graph(good), cache=memory_cache)).run([x])
     with pytest.raises((BrazeIndexError, DivisionByZeroError)):
-        CpuStep(compile_graph(graph(bad), cache=Cache())).run([x])
-    assert len(store) == 2
+        CpuStep(compile_graph(graph(bad), cache=memory_cache)).run([x])
+    assert len(memory_cache.store) == 2
 
 
 def test_error_classes_are_python_ones_too():

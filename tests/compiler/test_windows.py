@@ -240,6 +240,18 @@ def test_taps_that_read_only_padding_are_dropped(dil, pad, size):
     _close(got, want, 8 * 9)
 
 
+def _dilated_conv(x, w, b, pad, dil):
+    """A 3x3 ONNX Conv compiled with nothing on the host: (its output, its
+    specialization, torch's float64 conv2d)."""
+    attrs = dict(kernel_shape=[3, 3], pads=[pad[0], pad[1], pad[0], pad[1]], dilations=list(dil))
+    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w, b), allow_fallback=False)
+    got = m(x)[0]
+    want = torch.nn.functional.conv2d(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+        None if b is None else torch.from_numpy(b).double(), padding=pad, dilation=dil).numpy()
+    return got, next(iter(m._specs.values())), want
+
+
 @pytest.mark.parametrize("size,dil,pad,bias", [
     ((14, 14), (12, 12), (12, 12), True),  # DeepLab's ASPP branch at rate 12 on 14 x 14
     ((9, 11), (6, 4), (6, 4), False),      # rectangular, unequal dilations
@@ -249,14 +261,9 @@ def test_a_dilated_conv_mostly_over_padding_runs_as_one_1x1_conv_per_tap(size, d
     x = RNG.standard_normal((1, 8) + size).astype(np.float32)
     w = RNG.standard_normal((6, 8, 3, 3)).astype(np.float32)
     b = RNG.standard_normal(6).astype(np.float32) if bias else None
-    attrs = dict(kernel_shape=[3, 3], pads=[pad[0], pad[1], pad[0], pad[1]], dilations=list(dil))
-    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w, b), allow_fallback=False)
-    got = m(x)[0]
-    convs = [n for n in next(iter(m._specs.values())).plan.graph.nodes if n.op == "conv"]
+    got, spec, want = _dilated_conv(x, w, b, pad, dil)
+    convs = [n for n in spec.plan.graph.nodes if n.op == "conv"]
     assert len(convs) > 1 and all(n.inputs[1].shape[2:] == (1, 1) for n in convs)
-    want = torch.nn.functional.conv2d(
-        torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-        None if b is None else torch.from_numpy(b).double(), padding=pad, dilation=dil).numpy()
     _close(got, want, 8 * 9)
 
 
@@ -265,10 +272,8 @@ def test_a_dilated_conv_that_mostly_reads_the_image_stays_one_conv():
 
     x = RNG.standard_normal((1, 8, 28, 28)).astype(np.float32)
     w = RNG.standard_normal((6, 8, 3, 3)).astype(np.float32)
-    attrs = dict(kernel_shape=[3, 3], pads=[2] * 4, dilations=[2, 2])
-    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w), allow_fallback=False)
-    got = m(x)[0]
-    convs = [n for n in next(iter(m._specs.values())).plan.graph.nodes if n.op == "conv"]
+    got, spec, want = _dilated_conv(x, w, None, (2, 2), (2, 2))
+    convs = [n for n in spec.plan.graph.nodes if n.op == "conv"]
     assert len(convs) == 1 and convs[0].inputs[1].shape[2:] == (3, 3)
     g = parse_graph("""
 graph g(%x: f32[1,8,14,14]) -> (%y) {
@@ -277,8 +282,6 @@ graph g(%x: f32[1,8,14,14]) -> (%y) {
 }
 """, {"w": w})
     assert not split_taps(g, g.nodes[-1])  # strided: left to the kernel
-    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-                                      padding=2, dilation=2).numpy()
     _close(got, want, 8 * 9)
 
 
@@ -291,32 +294,22 @@ def test_a_dilated_3x3_conv_runs_undilated_over_its_phases(size, dil, bias):
     x = RNG.standard_normal((1, 16) + size).astype(np.float32)
     w = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32)
     b = RNG.standard_normal(32).astype(np.float32) if bias else None
-    attrs = dict(kernel_shape=[3, 3], pads=[dil[0], dil[1], dil[0], dil[1]], dilations=list(dil))
-    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w, b), allow_fallback=False)
-    got = m(x)[0]
-    spec = next(iter(m._specs.values()))
+    got, spec, want = _dilated_conv(x, w, b, dil, dil)
     conv = next(n for n in spec.plan.graph.nodes if n.op == "conv")
     assert tuple(conv.attrs["dilations"]) == (1, 1)
     assert conv.inputs[0].shape[0] == dil[0] * dil[1]  # the phases, in the batch
     kernels = spec.parts[0].compiled.kernels
     assert any(k.impl is not None and k.impl.name == "winograd" for k in kernels)
-    want = torch.nn.functional.conv2d(
-        torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-        None if b is None else torch.from_numpy(b).double(), padding=dil, dilation=dil).numpy()
     _close(got, want, 16 * 9 * 4)  # Winograd's transforms: a few times a direct sum's rounding
 
 
 def test_a_dilated_conv_with_phases_too_small_for_winograd_stays_dilated():
     x = RNG.standard_normal((1, 16, 14, 14)).astype(np.float32)
     w = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32)
-    attrs = dict(kernel_shape=[3, 3], pads=[4] * 4, dilations=[4, 4])
     # 14 x 14 at dilation 4: 4 x 4 phases, below Winograd's smallest side
-    m = bridge.compile_onnx(_onnx_model("Conv", x.shape, attrs, w), allow_fallback=False)
-    got = m(x)[0]
-    conv = next(n for n in next(iter(m._specs.values())).plan.graph.nodes if n.op == "conv")
+    got, spec, want = _dilated_conv(x, w, None, (4, 4), (4, 4))
+    conv = next(n for n in spec.plan.graph.nodes if n.op == "conv")
     assert conv.inputs[0].shape[0] == 1
-    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-                                      padding=4, dilation=4).numpy()
     _close(got, want, 16 * 9)
 
 
