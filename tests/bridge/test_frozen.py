@@ -103,15 +103,30 @@ def test_fingerprint_sees_whole_tensor_writes_in_place(t):
     assert not fp.same()
 
 
-def test_fingerprint_samples_a_few_elements_spread_over_the_tensor():
-    """What is not seen (README says so): an element between two sampled ones."""
+def test_fingerprint_samples_the_ends_of_each_tensor():
+    """SAMPLES elements, half at each end (two cache lines a weight, whatever its
+    size); what is not seen (README says so): an element in between."""
     t = torch.zeros(1000)
     fp = Fingerprint([t])
-    assert SAMPLES <= len(fp._bytes) // 4 <= 2 * SAMPLES  # 4 bytes per float32 sampled
-    t[1] = 5.0  # between the samples at 0 and 142
+    assert len(fp._bytes) == 4 * SAMPLES  # 4 bytes per float32 sampled
+    t[500] = 5.0
     assert fp.same()
-    t[0] = 5.0
-    assert not fp.same()
+    for i in (0, SAMPLES // 2 - 1, 1000 - SAMPLES // 2, 999):
+        t.zero_()
+        fp = Fingerprint([t])
+        t[i] = 5.0
+        assert not fp.same(), i
+
+
+def test_fingerprint_of_a_small_tensor_samples_every_element():
+    t = torch.zeros(SAMPLES - 1)
+    fp = Fingerprint([t])
+    assert len(fp._bytes) == 4 * (SAMPLES - 1)
+    for i in range(SAMPLES - 1):
+        t.zero_()
+        fp = Fingerprint([t])
+        t[i] = 1.0
+        assert not fp.same(), i
 
 
 def test_frozen_weights_first_call_then_changes():
