@@ -333,10 +333,9 @@ def _empty(cx: Ctx, i: int):
     return cx.const(torch.zeros(t.shape).numpy(), t.dtype)
 
 
-@converts(aten._native_batch_norm_legit_functional.default)
-def _batch_norm_train(cx: Ctx, x, w, b, running_mean, running_var, training, momentum, eps):
-    if not training:
-        raise Fallback("functional batch norm outside training")
+def _batch_statistics(cx: Ctx, x, w, b, eps: float):
+    """Batch norm by x's own per-channel statistics (over every dim but 1): (y, mean,
+    rstd, sum of squared deviations, count), mean and rstd shaped to broadcast."""
     rank = x.type.rank
     axes = (0,) + tuple(range(2, rank))
     mu = mean(cx, x, axes)
@@ -346,11 +345,34 @@ def _batch_norm_train(cx: Ctx, x, w, b, running_mean, running_var, training, mom
     var = cx.op("div", ss, cx.scalar(float(n), x.dtype))
     rstd = cx.op("reciprocal", cx.op("sqrt", cx.op("add", var, cx.scalar(eps, x.dtype))))
     y = _affine(cx, cx.op("mul", d, rstd), w, b, lambda v: _channel(cx, v, rank))
+    return y, mu, rstd, ss, n
+
+
+@converts(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_train(cx: Ctx, x, w, b, running_mean, running_var, training, momentum, eps):
+    if not training:
+        raise Fallback("functional batch norm outside training")
+    y, mu, rstd, ss, n = _batch_statistics(cx, x, w, b, eps)
     flat = (lambda v: cx.reshape(v, (x.shape[1],)))
     unbiased = cx.op("div", ss, cx.scalar(float(max(n - 1, 1)), x.dtype))
     new_rm = _momentum(cx, running_mean, flat(mu), momentum)
     new_rv = _momentum(cx, running_var, flat(unbiased), momentum)
     return y, flat(mu), flat(rstd), new_rm, new_rv
+
+
+@converts(aten._native_batch_norm_legit.no_stats)
+def _batch_norm_no_stats(cx: Ctx, x, w, b, training, momentum, eps):
+    """Batch norm with no running statistics to read or update: instance norm
+    (F.instance_norm normalizes an (1, N * C, ...) view by its batch statistics:
+    RAFT's encoders, style transfer, GAN generators) and BatchNorm with
+    track_running_stats=False."""
+    if not training:
+        raise Fallback("batch norm without running statistics outside training mode")
+    if x.dtype not in dtypes.FLOATS:
+        raise Fallback(f"batch norm of {x.dtype}")
+    y, mu, rstd, _, _ = _batch_statistics(cx, x, w, b, eps)
+    flat = (lambda v, i: cx.cast(cx.reshape(v, (x.shape[1],)), cx.out(i).dtype))
+    return y, flat(mu, 1), flat(rstd, 2)
 
 
 def _momentum(cx: Ctx, running, batch, momentum: float):

@@ -430,3 +430,25 @@ def test_eval_model_with_gradients_on_matches_eager_outputs_and_gradients():
         y.sum().backward()
         opt.step()
         opt.zero_grad()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.InstanceNorm2d(6),
+    lambda: nn.InstanceNorm2d(6, affine=True),
+    lambda: nn.InstanceNorm1d(6, affine=True),
+    lambda: nn.BatchNorm2d(6, track_running_stats=False),
+], ids=["instance2d", "instance2d_affine", "instance1d_affine", "batch_no_running_stats"])
+def test_norms_by_batch_statistics_compile(make, caplog):
+    """aten._native_batch_norm_legit.no_stats (instance norm, and batch norm without
+    running statistics) is braze's: no host node, numbers as eager's."""
+    torch.manual_seed(0)
+    norm = make()
+    for p in norm.parameters():
+        nn.init.normal_(p)
+    dims = 1 if isinstance(norm, nn.InstanceNorm1d) else 2
+    conv = (nn.Conv1d if dims == 1 else nn.Conv2d)(3, 6, 3, padding=1)
+    m = nn.Sequential(conv, norm, nn.ReLU()).eval()
+    x = torch.randn((2, 3, 9) if dims == 1 else (2, 3, 7, 5)) * 3 + 1
+    with caplog.at_level(logging.INFO, logger="braze"):
+        check_inference(m, x, allow_fallback=False)
+    assert not [r for r in caplog.records if "runs on torch" in r.getMessage()]
