@@ -60,13 +60,27 @@ def _mean(cx: Ctx, x, dims=None, keepdim=False, dtype=None):
 
 @converts(aten.var.correction)
 def _var(cx: Ctx, x, dims=None, correction=None, keepdim=False):
-    out = cx.out()
+    return variance(cx, x, dims, correction, keepdim)[0]
+
+
+@converts(aten.var_mean.correction)
+def _var_mean(cx: Ctx, x, dims=None, correction=None, keepdim=False):
+    var, mu = variance(cx, x, dims, correction, keepdim)
+    return var, cx.reshape(mu, cx.out(1).shape)
+
+
+def variance(cx: Ctx, x, dims, correction, keepdim: bool):
+    """(var, mean) of x over dims (all: None) with `correction` (None: 1) subtracted
+    from the count; var shaped as the node's (first) output, mean with kept dims."""
+    out = cx.out(0) if isinstance(cx.vals, (tuple, list)) else cx.out()
     x = cx.cast(x, out.dtype)
     axes = norm_dims(dims, x.type.rank)
-    d = cx.op("sub", x, mean(cx, x, axes))
+    mu = mean(cx, x, axes)
+    d = cx.op("sub", x, mu)
     ss = reduce(cx, "reduce_sum", cx.op("mul", d, d), axes, keepdim)
     dof = _count(x, axes) - (1 if correction is None else correction)
-    return cx.reshape(cx.op("div", ss, cx.scalar(float(max(dof, 0)), x.dtype)), out.shape)
+    var = cx.op("div", ss, cx.scalar(float(max(dof, 0)), x.dtype))
+    return cx.reshape(var, out.shape), mu
 
 
 @converts(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
@@ -373,6 +387,23 @@ def _batch_norm_no_stats(cx: Ctx, x, w, b, training, momentum, eps):
     y, mu, rstd, _, _ = _batch_statistics(cx, x, w, b, eps)
     flat = (lambda v, i: cx.cast(cx.reshape(v, (x.shape[1],)), cx.out(i).dtype))
     return y, flat(mu, 1), flat(rstd, 2)
+
+
+@converts(aten.native_group_norm.default)
+def _group_norm(cx: Ctx, x, w, b, n: int, c: int, hw: int, group: int, eps: float):
+    """GroupNorm (diffusion U-Nets, detection heads, ResNets with GN): x viewed as
+    (N, group, C / group * spatial), each row normalized by its own mean and variance,
+    then the per-channel affine. Outputs (y, mean, rstd), the statistics (N, group)."""
+    if x.dtype not in dtypes.FLOATS:
+        raise Fallback(f"group norm of {x.dtype}")
+    if group <= 0 or c % group or x.type.size != n * c * hw:
+        raise Fallback(f"group norm of {tuple(x.shape)} in {group} groups")
+    rows = cx.reshape(x, (n, group, (c // group) * hw))
+    y, mu, rstd = layer_norm(cx, rows, 1, None, None, eps)
+    y = _affine(cx, cx.reshape(y, tuple(x.shape)), w, b,
+                lambda v: _channel(cx, v, x.type.rank))
+    stat = (lambda v, i: cx.cast(cx.reshape(v, (n, group)), cx.out(i).dtype))
+    return y, stat(mu, 1), stat(rstd, 2)
 
 
 def _momentum(cx: Ctx, running, batch, momentum: float):

@@ -452,3 +452,46 @@ def test_norms_by_batch_statistics_compile(make, caplog):
     with caplog.at_level(logging.INFO, logger="braze"):
         check_inference(m, x, allow_fallback=False)
     assert not [r for r in caplog.records if "runs on torch" in r.getMessage()]
+
+
+@pytest.mark.parametrize("groups, channels, shape", [
+    (4, 8, (2, 8, 5, 6)), (1, 6, (1, 6, 9)), (6, 6, (2, 6, 3, 4)), (2, 4, (1, 4, 3, 4, 5)),
+], ids=["2d", "1d_one_group", "2d_per_channel", "3d"])
+def test_group_norm_compiles(groups, channels, shape, caplog):
+    """aten.native_group_norm is braze's (no host node), numbers as eager's; its mean and
+    rstd outputs feed the backward of a training step."""
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(groups, channels)
+    nn.init.normal_(norm.weight)
+    nn.init.normal_(norm.bias)
+    m = nn.Sequential(norm, nn.SiLU()).eval()
+    x = torch.randn(shape) * 2 + 0.5
+    with caplog.at_level(logging.INFO, logger="braze"):
+        check_inference(m, x, allow_fallback=False)
+    assert not [r for r in caplog.records if "runs on torch" in r.getMessage()]
+
+
+def test_group_norm_training_step_matches_eager():
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.ReLU())  # noqa: E731
+    ref, mine = make(), make()
+    mine.load_state_dict(ref.state_dict())
+    c = compiled(mine)
+    x = torch.randn(2, 3, 8, 8)
+    for model in (ref, c):
+        model(x).square().mean().backward()
+    for a, b in zip(ref.parameters(), mine.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dims, correction, keepdim", [
+    ((1,), 1, False), ((0, 2), 0, True), (None, 1, False), ((-1,), 2, True),
+])
+def test_var_mean_compiles(dims, correction, keepdim):
+    """aten.var_mean.correction (torch.var_mean: hand-written norms) and aten.var."""
+    def f(x):
+        v, m = torch.var_mean(x, dim=dims, correction=correction, keepdim=keepdim)
+        return v * 2 + m, torch.var(x, dim=dims, correction=correction, keepdim=keepdim)
+
+    x = torch.randn(3, 5, 7) * 3 + 1
+    check_inference(f, x, allow_fallback=False)
