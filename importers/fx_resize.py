@@ -146,3 +146,24 @@ def _source(mode: str, align_corners: bool, exact: bool, n_in: int, n_out: int,
     if mode == "linear":
         src = np.maximum(src, f(0))
     return src.astype(np.float64)
+
+
+# aten's grid sampler codes: interpolation 0 bilinear, 1 nearest, 2 bicubic; padding 0
+# zeros, 1 border, 2 reflection.
+_GRID_MODES = {0: "linear", 1: "nearest", 2: "cubic"}
+_GRID_PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+@converts(torch.ops.aten.grid_sampler_2d.default, torch.ops.aten.grid_sampler_3d.default)
+def _grid_sampler(cx: Ctx, x, grid, interpolation_mode, padding_mode, align_corners):
+    """F.grid_sample (RAFT's flow warping, spatial transformers): linear or nearest, any
+    padding, as gathers at computed indices (importers/grid_sample.py)."""
+    from importers.grid_sample import Refused, grid_sample_ir
+
+    if not x.type.static or not grid.type.static:
+        raise Fallback("grid sampling with dynamic shapes")
+    try:
+        return grid_sample_ir(cx, x, grid, _GRID_MODES.get(interpolation_mode, "?"),
+                              _GRID_PADDINGS.get(padding_mode, "?"), bool(align_corners))
+    except Refused as e:
+        raise Fallback(f"grid sampling: {e}") from None

@@ -139,3 +139,29 @@ def resize(cx: NodeContext, x: Value, how: Interpolation, out: list[int],
         return resize_ir(cx, x, how, out, factors)
     except NotInterpolable as e:
         raise Fallback(str(e)) from None
+
+
+# GridSample-16 names its modes bilinear, nearest, bicubic; GridSample-20 (n-d) linear,
+# nearest, cubic.
+_GRID_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest",
+               "bicubic": "cubic", "cubic": "cubic"}
+
+
+@converter("GridSample", 16)
+def convert_grid_sample(cx: NodeContext):
+    """Linear and nearest sampling with any padding mode as gathers at computed
+    indices (importers/grid_sample.py); cubic stays on the host."""
+    from importers.grid_sample import Refused, grid_sample_ir
+
+    x, grid = cx.inputs[:2]
+    if not x.type.static or not grid.type.static:
+        raise Fallback("GridSample needs static shapes")
+    mode = cx.attr("mode", "bilinear" if cx.version < 20 else "linear")
+    if mode not in _GRID_MODES:
+        raise InvalidModelError(f"{cx.describe}: unknown mode {mode!r}")
+    padding = cx.attr("padding_mode", "zeros")
+    try:
+        return [grid_sample_ir(cx, x, grid, _GRID_MODES[mode], padding,
+                               bool(cx.attr("align_corners", 0)))]
+    except Refused as e:
+        raise Fallback(f"GridSample: {e}") from None

@@ -495,3 +495,44 @@ def test_var_mean_compiles(dims, correction, keepdim):
 
     x = torch.randn(3, 5, 7) * 3 + 1
     check_inference(f, x, allow_fallback=False)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_grid_sample_compiles(mode, padding, align, dims):
+    """F.grid_sample, linear and nearest with every padding mode, 2-d and 3-d: gathers
+    at computed indices (importers/grid_sample.py), no host node, eager's numbers. The
+    grid reaches past [-1, 1] (padding decides those taps); in 2-d with zeros padding it
+    holds a NaN too: NaN out of a linear sample, 0 out of a nearest one, in both (torch's
+    3-d kernel gives 0 for both; under border and reflection padding its clipping turns
+    a NaN into an edge pixel, braze's linear sample gives NaN)."""
+    torch.manual_seed(0)
+    x = torch.randn((2, 3, 5, 7) if dims == 2 else (2, 3, 4, 5, 6))
+    grid = torch.rand((2, 6, 4, dims) if dims == 2 else (2, 3, 4, 2, dims)) * 2.8 - 1.4
+    if mode == "nearest":  # no position exactly half-way (rounding there is a tie)
+        grid = torch.round(grid * 64) / 64 + 1 / 256
+    if padding == "zeros" and dims == 2:
+        grid.view(-1)[5] = float("nan")
+
+    def f(x, g):
+        return torch.nn.functional.grid_sample(x, g, mode=mode, padding_mode=padding,
+                                               align_corners=align) * 2
+
+    c = compiled(f, allow_fallback=False)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x, grid), f(x, grid), rtol=RTOL, atol=ATOL,
+                                   equal_nan=True)
+
+
+def test_grid_sample_bicubic_runs_on_torch(caplog):
+    x, grid = torch.randn(1, 2, 5, 5), torch.rand(1, 3, 3, 2) * 2 - 1
+
+    def f(x, g):
+        return torch.nn.functional.grid_sample(x, g, mode="bicubic", align_corners=False)
+
+    with caplog.at_level(logging.INFO, logger="braze"):
+        check_inference(f, x, grid)
+    assert any("grid_sampler_2d" in r.getMessage() and "mode 'cubic'" in r.getMessage()
+               for r in caplog.records)
