@@ -18,8 +18,11 @@ weighs 0 (its weight times 0). Where the grid holds NaN every comparison with it
 false, so its taps are outside: their indices are selected to 0 before the cast to an
 integer (no undefined conversion of a NaN), so every gather reads inside X, and a
 linear sample's NaN weights make its output NaN (as torch's 2-d kernel has it; a
-nearest sample reads nothing there, 0). Cubic is not built here (its converters leave
-it to the host).
+nearest sample reads nothing there, 0).
+
+"cubic" (2-d only) reads the 4 x 4 taps floor - 1 .. floor + 2 around the unpadded
+position, weighted by Keys' cubic kernel (A = -0.75, as torch and onnxruntime), and
+applies the padding mode to each tap's position on its own, as torch does.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import itertools
 
 import numpy as np
 
-MODES = ("linear", "nearest")
+MODES = ("linear", "nearest", "cubic")
+# Keys' cubic convolution coefficient of torch's (and onnxruntime's) bicubic sampling.
+CUBIC_A = -0.75
 PADDINGS = ("zeros", "border", "reflection")
 
 
@@ -41,6 +46,8 @@ def grid_sample_ir(cx, x, grid, mode: str, padding: str, align_corners: bool):
     op, const, scalar, cast, reshape); X and the grid with static shapes."""
     if mode not in MODES:
         raise Refused(f"mode {mode!r}")
+    if mode == "cubic" and x.type.rank != 4:
+        raise Refused(f"cubic sampling of a {x.type.rank - 2}-d input (2-d only)")
     if padding not in PADDINGS:
         raise Refused(f"padding mode {padding!r}")
     rank = x.type.rank - 2
@@ -63,15 +70,18 @@ def grid_sample_ir(cx, x, grid, mode: str, padding: str, align_corners: bool):
         starts = (0,) * (rank + 1) + (comp,)
         part = cx.op("slice", g, starts=starts, steps=(1,) * (rank + 2),
                      sizes=tuple(grid.shape[:-1]) + (1,))
-        coords.append(_position(cx, cx.reshape(part, (n, 1, p)), sizes[d], dt,
-                                padding, align_corners))
+        g_d = cx.reshape(part, (n, 1, p))
+        coords.append(_unnormalize(cx, g_d, sizes[d], dt, align_corners) if mode == "cubic"
+                      else _position(cx, g_d, sizes[d], dt, padding, align_corners))
     strides = [int(np.prod(sizes[d + 1:], dtype=np.int64)) for d in range(rank)]
     total_in = int(np.prod(sizes, dtype=np.int64))
     # (N, C, 1): where each image and channel starts in X's flat buffer
     base = cx.const((np.arange(n * c, dtype=np.int64) * total_in).reshape(n, c, 1))
     flat = cx.reshape(x, (n * c * total_in,))
     taps = [_taps_linear(cx, q, size, dt) if mode == "linear" else
-            _tap_nearest(cx, q, size, dt) for q, size in zip(coords, sizes)]
+            _tap_nearest(cx, q, size, dt) if mode == "nearest" else
+            _taps_cubic(cx, q, size, dt, padding, align_corners)
+            for q, size in zip(coords, sizes)]
     out = None
     for corner in itertools.product(*taps):
         weight, inside, index = None, None, None
@@ -90,13 +100,24 @@ def grid_sample_ir(cx, x, grid, mode: str, padding: str, align_corners: bool):
     return cx.reshape(out, (n, c) + out_sp)
 
 
+def _unnormalize(cx, g, size: int, dt: str, align_corners: bool):
+    """A normalized coordinate as a position along an input dim of `size`."""
+    if align_corners:
+        return cx.op("mul", cx.op("add", g, cx.scalar(1.0, dt)),
+                     cx.scalar((size - 1) / 2, dt))
+    return cx.op("sub", cx.op("mul", cx.op("add", g, cx.scalar(1.0, dt)),
+                              cx.scalar(size / 2, dt)), cx.scalar(0.5, dt))
+
+
 def _position(cx, g, size: int, dt: str, padding: str, align_corners: bool):
     """A normalized coordinate as a position along an input dim of `size`, padded."""
-    if align_corners:
-        q = cx.op("mul", cx.op("add", g, cx.scalar(1.0, dt)), cx.scalar((size - 1) / 2, dt))
-    else:
-        q = cx.op("sub", cx.op("mul", cx.op("add", g, cx.scalar(1.0, dt)),
-                               cx.scalar(size / 2, dt)), cx.scalar(0.5, dt))
+    return _padded(cx, _unnormalize(cx, g, size, dt, align_corners), size, dt, padding,
+                   align_corners)
+
+
+def _padded(cx, q, size: int, dt: str, padding: str, align_corners: bool):
+    """Position q under the padding mode: as it is (zeros), clipped into the input
+    (border), or reflected about its edges and clipped (reflection)."""
     if padding == "reflection":
         q = _reflect(cx, q, size, dt, align_corners)
     if padding in ("border", "reflection"):
@@ -146,3 +167,36 @@ def _tap_nearest(cx, q, size: int, dt: str):
     """The one tap of a nearest sample (position rounded half to even)."""
     inside, index = _index(cx, cx.op("round", q), size, dt)
     return [(None, inside, index)]
+
+
+def _taps_cubic(cx, q, size: int, dt: str, padding: str, align_corners: bool):
+    """The four taps of a cubic sample along one dim (torch's bicubic): floor(q) - 1 ..
+    floor(q) + 2 weighted by Keys' kernel (CUBIC_A) at their distances from q, each tap
+    position padded on its own (border and reflection move the tap, zeros drops it)."""
+    lo = cx.op("floor", q)
+    t = cx.op("sub", q, lo)
+    one = cx.scalar(1.0, dt)
+    weights = [_cubic_far(cx, cx.op("add", t, one), dt), _cubic_near(cx, t, dt),
+               _cubic_near(cx, cx.op("sub", one, t), dt),
+               _cubic_far(cx, cx.op("sub", cx.scalar(2.0, dt), t), dt)]
+    taps = []
+    for k, w in enumerate(weights):
+        pos = cx.op("add", lo, cx.scalar(float(k - 1), dt))
+        inside, index = _index(cx, _padded(cx, pos, size, dt, padding, align_corners), size, dt)
+        taps.append((w, inside, index))
+    return taps
+
+
+def _cubic_near(cx, d, dt: str):
+    """Keys' kernel at distance d <= 1: ((A + 2) d - (A + 3)) d^2 + 1."""
+    a = CUBIC_A
+    inner = cx.op("sub", cx.op("mul", cx.scalar(a + 2, dt), d), cx.scalar(a + 3, dt))
+    return cx.op("add", cx.op("mul", inner, cx.op("mul", d, d)), cx.scalar(1.0, dt))
+
+
+def _cubic_far(cx, d, dt: str):
+    """Keys' kernel at distance 1 < d < 2: ((A d - 5A) d + 8A) d - 4A."""
+    a = CUBIC_A
+    v = cx.op("sub", cx.op("mul", cx.scalar(a, dt), d), cx.scalar(5 * a, dt))
+    v = cx.op("add", cx.op("mul", v, d), cx.scalar(8 * a, dt))
+    return cx.op("sub", cx.op("mul", v, d), cx.scalar(4 * a, dt))
