@@ -8,9 +8,14 @@ loop vectorizer; these are straight-line IR (no calls, no branches) that inline
 into kernels and vectorize to AVX-512. float64 keeps the libm intrinsics. A module
 marked by `for_target` (cpu.Renderer marks its own) scales exp's 2^n with llvm.ldexp
 on AVX-512 (vscalefps), and a 16-float vector (a register epilogue's) by vscalefps on n
-as a float, with no conversions, its NaNs flowing through to the result rather than
-selected back (2035 -> 1867 instructions in a 1x1 conv + SiLU kernel; its timing moved
-within this machine's noise); sigmoid divides once (its numerator selected by sign).
+as a float, with no conversions (2035 -> 1867 instructions in a 1x1 conv + SiLU kernel;
+its timing moved within this machine's noise). Elsewhere (AVX2, SSE, NEON, scalars) n
+comes from adding and taking away ROUNDER, and its integer value from the sum's bits,
+not from fptosi, whose result for a NaN is poison: in both forms exp's and sigmoid's
+NaNs flow through to the result, with no compare and select to put them back, and
+their clamps are selects that keep a NaN (one vmaxps/vminps each, where llvm.maxnum
+without nnan adds a NaN fix-up). Sigmoid divides once (its numerator selected by
+sign).
 
 Accuracy, measured against numpy in float64 and stated in ulps of float32
 (tests/compiler/test_codegen_math.py checks these bounds over wide ranges):
@@ -41,6 +46,8 @@ LOG2E = 1.4426950408889634
 EXP_HI = 88.72283935546875  # largest x with a finite float32 exp(x)
 EXP_LO = -103.98  # below this exp(x) rounds to 0 (2^-150 is half the least denormal)
 EXP_FLOOR = -110.0  # exp clamps x here: its formula then rounds to 0 with no select
+ROUNDER = 12582912.0  # 1.5 * 2^23: v + ROUNDER - ROUNDER is v rounded to an integer
+ROUNDER_BITS = 0x4B400000  # its float32 bits: the sum's bits less these are that integer
 TANH_CLAMP = 10.0  # tanh(10) = 1 - 4e-9: 1.0f, as for every larger |x|
 ERF_ONE = 4.0  # erf(x) rounds to 1.0f beyond this
 
@@ -120,24 +127,29 @@ def _select_nan(b, x, result):
 def exp_f32(b: ir.IRBuilder, x):
     """exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2]."""
     t = x.type
-    # clamp above with min (below: _exp_not_above); a NaN comes back as itself at the end
-    xc = b.call(_intrinsic(b, "llvm.minnum", t), [x, _c(b, t, EXP_HI)])
-    out = b.select(b.fcmp_ordered(">", x, _c(b, t, EXP_HI)), _c(b, t, math.inf),
-                   _exp_not_above(b, xc))
-    return _select_nan(b, x, out)
+    # min(x, EXP_HI) keeping a NaN x (one vminps: minnum would add a NaN fix-up), which
+    # flows through _exp_not_above to the result
+    hi = b.fcmp_ordered(">", x, _c(b, t, EXP_HI))
+    xc = b.select(hi, _c(b, t, EXP_HI), x)
+    return b.select(hi, _c(b, t, math.inf), _exp_not_above(b, xc))
 
 
 def _exp_not_above(b: ir.IRBuilder, x):
-    """exp(x) for x <= EXP_HI, not NaN (the caller handles both; with `_scales_floats`,
-    a NaN x gives NaN): x is clamped at EXP_FLOOR, where the formula rounds to 0 by
-    itself."""
+    """exp(x) for x <= EXP_HI (the caller clamps), NaN for a NaN x: x is clamped at
+    EXP_FLOOR, where the formula rounds to 0 by itself."""
     t = x.type
     floor = _c(b, t, EXP_FLOOR)
-    if _scales_floats(b, t):  # max(x, floor) keeping a NaN x (one vmaxps)
-        xc = b.select(b.fcmp_ordered("<", x, floor), floor, x)
-    else:  # nnan: x is not NaN here, so max is one instruction (no NaN fix-up)
-        xc = b.call(_intrinsic(b, "llvm.maxnum", t), [x, floor], fastmath=("nnan",))
-    n = b.call(_intrinsic(b, "llvm.rint", t), [b.fmul(xc, _c(b, t, LOG2E))])
+    xc = b.select(b.fcmp_ordered("<", x, floor), floor, x)  # max keeping NaN: one vmaxps
+    if _scales_floats(b, t):
+        n = b.call(_intrinsic(b, "llvm.rint", t), [b.fmul(xc, _c(b, t, LOG2E))])
+        ni = None
+    else:
+        # n = round(x / ln2) by adding and taking away ROUNDER (1.5 * 2^23: the sum's
+        # last bit is the units), its integer value from the sum's bits: defined for any
+        # input, where fptosi of a NaN would be poison, so a NaN x needs no select back
+        y = _fast(b.fadd(_fast(b.fmul(xc, _c(b, t, LOG2E))), _c(b, t, ROUNDER)))
+        n = b.fsub(y, _c(b, t, ROUNDER))
+        ni = b.sub(b.bitcast(y, _int_type(t)), _ci(b, t, ROUNDER_BITS))
     # r = x - n ln2 in two fused steps (Cody-Waite; each product rounded once, in the FMA)
     r = _fast(b.fsub(xc, _fast(b.fmul(n, _c(b, t, LN2_HI)))))
     r = _fast(b.fsub(r, _fast(b.fmul(n, _c(b, t, LN2_LO)))))
@@ -145,8 +157,8 @@ def _exp_not_above(b: ir.IRBuilder, x):
     if _scales_floats(b, t):  # p * 2^n from n as it is, a float: no conversions
         return _scalef(b, p, n)
     # 2^n as 2^n1 * 2^n2 (n1 = n >> 1): both factors stay normal for n in [-159, 128];
-    # below EXP_LO the product rounds to 0 by itself (x is clamped at EXP_FLOOR)
-    ni = b.fptosi(n, _int_type(t))
+    # below EXP_LO the product rounds to 0 by itself (x is clamped at EXP_FLOOR). A NaN
+    # x made p NaN, and so the product, whatever its n bits hold.
     if _has_scale(b, t):  # p * 2^n in one instruction, a denormal rounded once
         return b.call(_ldexp(b, t), [p, ni])
     n1 = b.ashr(ni, _ci(b, t, 1))
@@ -255,16 +267,12 @@ def _expm1_small(b: ir.IRBuilder, y):
 def sigmoid_f32(b: ir.IRBuilder, x):
     """e / (1 + e) for x < 0, 1 / (1 + e) else, e = exp(-|x|) in (0, 1]: one division
     with its numerator selected (a division costs as much as the rest of the formula),
-    and exp's guards for large and NaN arguments left out (-|x| <= 0; a NaN x is
-    selected back at the end)."""
+    and exp's guard for large arguments left out (-|x| <= 0; a NaN x flows through)."""
     t = x.type
     ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
     e = _exp_not_above(b, b.fsub(_c(b, t, 0.0), ax))
     num = b.select(b.fcmp_ordered("<", x, _c(b, t, 0.0)), e, _c(b, t, 1.0))
-    out = b.fdiv(num, b.fadd(_c(b, t, 1.0), e))
-    if _scales_floats(b, t):
-        return out  # a NaN x made e NaN, and so the quotient
-    return _select_nan(b, x, out)
+    return b.fdiv(num, b.fadd(_c(b, t, 1.0), e))  # a NaN x made e NaN, and so this
 
 
 # erf(x) ~ x P(x^2) / Q(x^2) on [0, ERF_ONE]: a rational least-squares fit of erf's
