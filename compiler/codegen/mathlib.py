@@ -11,11 +11,11 @@ on AVX-512 (vscalefps), and a 16-float vector (a register epilogue's) by vscalef
 as a float, with no conversions (2035 -> 1867 instructions in a 1x1 conv + SiLU kernel;
 its timing moved within this machine's noise). Elsewhere (AVX2, SSE, NEON, scalars) n
 comes from adding and taking away ROUNDER, and its integer value from the sum's bits,
-not from fptosi, whose result for a NaN is poison: in both forms exp's and sigmoid's
-NaNs flow through to the result, with no compare and select to put them back, and
-their clamps are selects that keep a NaN (one vmaxps/vminps each, where llvm.maxnum
-without nnan adds a NaN fix-up). Sigmoid divides once (its numerator selected by
-sign).
+not from fptosi, whose result for a NaN is poison (tanh's expm1 too): in both forms
+exp's, sigmoid's and tanh's NaNs flow through to the result, with no compare and select
+to put them back, and their clamps (erf's too) are selects that keep a NaN (one
+vmaxps/vminps each, where llvm.minnum without nnan adds a NaN fix-up). Sigmoid divides
+once (its numerator selected by sign).
 
 Accuracy, measured against numpy in float64 and stated in ulps of float32
 (tests/compiler/test_codegen_math.py checks these bounds over wide ranges):
@@ -130,7 +130,7 @@ def exp_f32(b: ir.IRBuilder, x):
     # min(x, EXP_HI) keeping a NaN x (one vminps: minnum would add a NaN fix-up), which
     # flows through _exp_not_above to the result
     hi = b.fcmp_ordered(">", x, _c(b, t, EXP_HI))
-    xc = b.select(hi, _c(b, t, EXP_HI), x)
+    xc = b.select(hi, _c(b, t, EXP_HI), x)  # _min_keeping_nan, its compare shared
     return b.select(hi, _c(b, t, math.inf), _exp_not_above(b, xc))
 
 
@@ -144,12 +144,7 @@ def _exp_not_above(b: ir.IRBuilder, x):
         n = b.call(_intrinsic(b, "llvm.rint", t), [b.fmul(xc, _c(b, t, LOG2E))])
         ni = None
     else:
-        # n = round(x / ln2) by adding and taking away ROUNDER (1.5 * 2^23: the sum's
-        # last bit is the units), its integer value from the sum's bits: defined for any
-        # input, where fptosi of a NaN would be poison, so a NaN x needs no select back
-        y = _fast(b.fadd(_fast(b.fmul(xc, _c(b, t, LOG2E))), _c(b, t, ROUNDER)))
-        n = b.fsub(y, _c(b, t, ROUNDER))
-        ni = b.sub(b.bitcast(y, _int_type(t)), _ci(b, t, ROUNDER_BITS))
+        n, ni = _round_log2e(b, xc)
     # r = x - n ln2 in two fused steps (Cody-Waite; each product rounded once, in the FMA)
     r = _fast(b.fsub(xc, _fast(b.fmul(n, _c(b, t, LN2_HI)))))
     r = _fast(b.fsub(r, _fast(b.fmul(n, _c(b, t, LN2_LO)))))
@@ -244,10 +239,27 @@ def tanh_f32(b: ir.IRBuilder, x):
     tanh is 1 to float32's precision."""
     t = x.type
     ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
-    m = _expm1_small(b, b.fmul(b.call(_intrinsic(b, "llvm.minnum", t),
-                                      [ax, _c(b, t, TANH_CLAMP)]), _c(b, t, 2.0)))
-    out = b.fdiv(m, b.fadd(m, _c(b, t, 2.0)))
-    return _select_nan(b, x, b.call(_intrinsic(b, "llvm.copysign", t), [out, x]))
+    m = _expm1_small(b, b.fmul(_min_keeping_nan(b, ax, _c(b, t, TANH_CLAMP)),
+                               _c(b, t, 2.0)))
+    out = b.fdiv(m, b.fadd(m, _c(b, t, 2.0)))  # a NaN x made m NaN, and so this
+    return b.call(_intrinsic(b, "llvm.copysign", t), [out, x])
+
+
+def _round_log2e(b: ir.IRBuilder, x):
+    """(n, its i32 value), n = round(x / ln2) for |x / ln2| < 2^22: by adding and taking
+    away ROUNDER (1.5 * 2^23: the sum's last bit is the units, ties to even as rint),
+    the integer from the sum's bits. Defined for any x, where fptosi of a NaN would be
+    poison: a NaN x gives a NaN n and some integer, and the caller's NaN flows on."""
+    t = x.type
+    y = _fast(b.fadd(_fast(b.fmul(x, _c(b, t, LOG2E))), _c(b, t, ROUNDER)))
+    return (b.fsub(y, _c(b, t, ROUNDER)),
+            b.sub(b.bitcast(y, _int_type(t)), _ci(b, t, ROUNDER_BITS)))
+
+
+def _min_keeping_nan(b: ir.IRBuilder, x, hi):
+    """min(x, hi) with a NaN x kept (one vminps; llvm.minnum would return hi for it,
+    and without nnan costs a NaN fix-up besides)."""
+    return b.select(b.fcmp_ordered(">", x, hi), hi, x)
 
 
 def _expm1_small(b: ir.IRBuilder, y):
@@ -255,12 +267,12 @@ def _expm1_small(b: ir.IRBuilder, y):
     series, then 2^n expm1(r) + (2^n - 1) in one FMA (2^n - 1 exact while n <= 24;
     beyond, the 1 is below the result's last bit)."""
     t = y.type
-    n = b.call(_intrinsic(b, "llvm.rint", t), [b.fmul(y, _c(b, t, LOG2E))])
+    n, ni = _round_log2e(b, y)
     r = _fast(b.fsub(y, _fast(b.fmul(n, _c(b, t, LN2_HI)))))
     r = _fast(b.fsub(r, _fast(b.fmul(n, _c(b, t, LN2_LO)))))
     q = b.fmul(r, _poly(b, r, [1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040,
                                 1 / 40320]))
-    scale = _pow2(b, b.fptosi(n, _int_type(t)), t)
+    scale = _pow2(b, ni, t)
     return _fast(b.fadd(_fast(b.fmul(scale, q)), b.fsub(scale, _c(b, t, 1.0))))
 
 
@@ -288,12 +300,12 @@ _ERF_Q = [1.0, 0.5047888159751892, 0.11531787365674973, 0.015200556255877018,
 def erf_f32(b: ir.IRBuilder, x):
     t = x.type
     ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
-    xc = b.call(_intrinsic(b, "llvm.minnum", t), [ax, _c(b, t, ERF_ONE)])
+    xc = _min_keeping_nan(b, ax, _c(b, t, ERF_ONE))
     x2 = b.fmul(xc, xc)
     r = b.fdiv(b.fmul(xc, _poly(b, x2, _ERF_P)), _poly(b, x2, _ERF_Q))
-    r = b.call(_intrinsic(b, "llvm.minnum", t), [r, _c(b, t, 1.0)])
+    r = _min_keeping_nan(b, r, _c(b, t, 1.0))
     r = b.select(b.fcmp_ordered(">=", ax, _c(b, t, ERF_ONE)), _c(b, t, 1.0), r)
-    return _select_nan(b, x, b.call(_intrinsic(b, "llvm.copysign", t), [r, x]))
+    return b.call(_intrinsic(b, "llvm.copysign", t), [r, x])  # NaN in, NaN out
 
 
 def _intrinsic(b: ir.IRBuilder, name: str, t=F32):
