@@ -86,8 +86,8 @@ def grid_sample_ir(cx, x, grid, mode: str, padding: str, align_corners: bool):
     for corner in itertools.product(*taps):
         weight, inside, index = None, None, None
         for (w, ok, i), stride in zip(corner, strides):
-            weight = w if weight is None else (cx.op("mul", weight, w) if w is not None
-                                               else weight)
+            if w is not None:  # nearest taps have none
+                weight = w if weight is None else cx.op("mul", weight, w)
             inside = ok if inside is None else cx.op("and", inside, ok)
             term = cx.op("mul", i, cx.scalar(stride, "i64")) if stride != 1 else i
             index = term if index is None else cx.op("add", index, term)
