@@ -397,3 +397,26 @@ def _cumsum(cx: Ctx, x, dim, dtype=None):
     if x.type.rank == 0:
         return cx.cast(x, out.dtype)
     return cumsum_ir(cx, cx.cast(x, out.dtype), norm_dim(dim, x.type.rank))
+
+
+@converts(aten.diagonal.default, aten.diagonal_copy.default)
+def _diagonal(cx: Ctx, x, offset=0, dim1=0, dim2=1):
+    """Tensor.diagonal (torch.diag of a matrix): dims dim1 and dim2 moved last and
+    flattened, the diagonal one gather of constant indices along them (index arithmetic),
+    the other dims in order before it."""
+    rank = x.type.rank
+    d1, d2 = norm_dim(dim1, rank), norm_dim(dim2, rank)
+    if d1 == d2:
+        raise Fallback("diagonal of one dim with itself")
+    n1, n2 = x.shape[d1], x.shape[d2]
+    row0, col0 = max(-offset, 0), max(offset, 0)
+    length = max(0, min(n1 - row0, n2 - col0))
+    if length == 0:
+        raise Fallback("an empty diagonal")
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    moved = x if rest + [d1, d2] == list(range(rank)) else cx.op(
+        "transpose", x, perm=tuple(rest + [d1, d2]))
+    lead = tuple(x.shape[d] for d in rest)
+    flat = cx.reshape(moved, lead + (n1 * n2,))
+    index = (np.arange(length, dtype=np.int64) + row0) * n2 + col0 + np.arange(length)
+    return cx.op("gather", flat, cx.const(index), axis=len(lead))

@@ -539,3 +539,12 @@ def test_grid_sample_bicubic_compiles(padding, align):
     c = compiled(f, allow_fallback=False)
     with torch.no_grad():
         torch.testing.assert_close(c(x, grid), f(x, grid), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("offset, dims", [(0, (0, 1)), (2, (0, 1)), (-1, (2, 0)), (1, (1, -1))])
+def test_diagonal_compiles(offset, dims):
+    """Tensor.diagonal and torch.diag: one gather of constant indices, no host node."""
+    def f(x, m):
+        return (x.diagonal(offset, *dims) * 2, torch.diag(m, offset))
+
+    check_inference(f, torch.randn(4, 5, 6), torch.randn(5, 7), allow_fallback=False)
