@@ -420,3 +420,22 @@ def _diagonal(cx: Ctx, x, offset=0, dim1=0, dim2=1):
     flat = cx.reshape(moved, lead + (n1 * n2,))
     index = (np.arange(length, dtype=np.int64) + row0) * n2 + col0 + np.arange(length)
     return cx.op("gather", flat, cx.const(index), axis=len(lead))
+
+
+@converts(aten.unfold.default)
+def _unfold(cx: Ctx, x, dim, size, step):
+    """Tensor.unfold(dim, size, step) (framing a signal, sliding windows): one gather of
+    constant indices i * step + j along dim, its window axis then moved last."""
+    rank = x.type.rank
+    d = norm_dim(dim, rank) if rank else 0
+    n_in = x.shape[d] if rank else 1
+    if size < 1 or step < 1 or size > n_in:
+        raise Fallback(f"unfold of {n_in} elements by {size} every {step}")
+    windows = (n_in - size) // step + 1
+    index = (np.arange(windows, dtype=np.int64)[:, None] * step
+             + np.arange(size, dtype=np.int64)[None, :])
+    if rank == 0:
+        return cx.reshape(x, (1,))
+    y = cx.op("gather", x, cx.const(index), axis=d)  # x[:d], windows, size, x[d+1:]
+    perm = list(range(d + 1)) + list(range(d + 2, rank + 1)) + [d + 1]
+    return y if perm == list(range(rank + 1)) else cx.op("transpose", y, perm=tuple(perm))

@@ -548,3 +548,12 @@ def test_diagonal_compiles(offset, dims):
         return (x.diagonal(offset, *dims) * 2, torch.diag(m, offset))
 
     check_inference(f, torch.randn(4, 5, 6), torch.randn(5, 7), allow_fallback=False)
+
+
+@pytest.mark.parametrize("dim, size, step", [(0, 2, 1), (1, 3, 2), (-1, 4, 4), (2, 1, 3)])
+def test_unfold_compiles(dim, size, step):
+    """Tensor.unfold: one gather of constant indices (and the window axis moved last)."""
+    def f(x):
+        return x.unfold(dim, size, step) + 1
+
+    check_inference(f, torch.randn(3, 7, 9), allow_fallback=False)
