@@ -439,3 +439,21 @@ def _unfold(cx: Ctx, x, dim, size, step):
     y = cx.op("gather", x, cx.const(index), axis=d)  # x[:d], windows, size, x[d+1:]
     perm = list(range(d + 1)) + list(range(d + 2, rank + 1)) + [d + 1]
     return y if perm == list(range(rank + 1)) else cx.op("transpose", y, perm=tuple(perm))
+
+
+@converts(aten.gather.default)
+def _gather_along(cx: Ctx, x, dim, index, sparse_grad=False):
+    """torch.gather (take_along_dim, cross-entropy's pick of each row's class): one flat
+    gather (importers/scans.py); a negative or too large index is out of range, reported
+    by the gather's bounds check as torch reports it."""
+    from importers.scans import take_along_axis_ir
+
+    rank = x.type.rank
+    if rank == 0 or index.type.rank != rank:
+        raise Fallback(f"gather of rank {rank} by indices of rank {index.type.rank}")
+    d = norm_dim(dim, rank)
+    if any(i > n for a, (i, n) in enumerate(zip(index.shape, x.shape)) if a != d):
+        raise Fallback(f"indices {index.shape} larger than input {x.shape} off dim {d}")
+    if index.type.size == 0:
+        raise Fallback("empty indices")
+    return take_along_axis_ir(cx, x, _no_negative(cx, index, x.shape[d]), d)

@@ -557,3 +557,31 @@ def test_unfold_compiles(dim, size, step):
         return x.unfold(dim, size, step) + 1
 
     check_inference(f, torch.randn(3, 7, 9), allow_fallback=False)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_gather_compiles(dim):
+    """torch.gather, smaller indices than the input off its dim too, and cross-entropy
+    (which picks each row's class with it): no host node, eager's numbers."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 5)
+    shape = [3, 4, 2]
+    shape[dim] = 7
+    index = torch.randint(0, x.shape[dim], shape)
+
+    def f(x, i, logits, target):
+        return torch.gather(x, dim, i) * 2, torch.nn.functional.cross_entropy(logits, target)
+
+    check_inference(f, x, index, torch.randn(5, 10), torch.randint(0, 10, (5,)),
+                    allow_fallback=False)
+
+
+def test_gather_out_of_range_index_is_an_error_as_in_eager():
+    def f(x, i):
+        return torch.gather(x, 1, i)
+
+    x, bad = torch.randn(2, 3), torch.tensor([[0, 3], [1, -1]])
+    with pytest.raises(RuntimeError):
+        f(x, bad)
+    with pytest.raises(Exception, match="(?i)index|range"):
+        compiled(f)(x, bad)
