@@ -427,15 +427,17 @@ def _unfold(cx: Ctx, x, dim, size, step):
     """Tensor.unfold(dim, size, step) (framing a signal, sliding windows): one gather of
     constant indices i * step + j along dim, its window axis then moved last."""
     rank = x.type.rank
-    d = norm_dim(dim, rank) if rank else 0
-    n_in = x.shape[d] if rank else 1
+    if rank == 0:  # torch allows size 1 only: the scalar as one window
+        if size != 1:
+            raise Fallback(f"unfold of a scalar by {size}")
+        return cx.reshape(x, (1,))
+    d = norm_dim(dim, rank)
+    n_in = x.shape[d]
     if size < 1 or step < 1 or size > n_in:
         raise Fallback(f"unfold of {n_in} elements by {size} every {step}")
     windows = (n_in - size) // step + 1
     index = (np.arange(windows, dtype=np.int64)[:, None] * step
              + np.arange(size, dtype=np.int64)[None, :])
-    if rank == 0:
-        return cx.reshape(x, (1,))
     y = cx.op("gather", x, cx.const(index), axis=d)  # x[:d], windows, size, x[d+1:]
     perm = list(range(d + 1)) + list(range(d + 2, rank + 1)) + [d + 1]
     return y if perm == list(range(rank + 1)) else cx.op("transpose", y, perm=tuple(perm))

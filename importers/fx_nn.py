@@ -385,8 +385,7 @@ def _batch_norm_no_stats(cx: Ctx, x, w, b, training, momentum, eps):
     if x.dtype not in dtypes.FLOATS:
         raise Fallback(f"batch norm of {x.dtype}")
     y, mu, rstd, _, _ = _batch_statistics(cx, x, w, b, eps)
-    flat = (lambda v, i: cx.cast(cx.reshape(v, (x.shape[1],)), cx.out(i).dtype))
-    return y, flat(mu, 1), flat(rstd, 2)
+    return y, _statistic(cx, mu, 1), _statistic(cx, rstd, 2)
 
 
 @converts(aten.native_group_norm.default)
@@ -402,8 +401,13 @@ def _group_norm(cx: Ctx, x, w, b, n: int, c: int, hw: int, group: int, eps: floa
     y, mu, rstd = layer_norm(cx, rows, 1, None, None, eps)
     y = _affine(cx, cx.reshape(y, tuple(x.shape)), w, b,
                 lambda v: _channel(cx, v, x.type.rank))
-    stat = (lambda v, i: cx.cast(cx.reshape(v, (n, group)), cx.out(i).dtype))
-    return y, stat(mu, 1), stat(rstd, 2)
+    return y, _statistic(cx, mu, 1), _statistic(cx, rstd, 2)
+
+
+def _statistic(cx: Ctx, v, i: int):
+    """A normalization's mean or rstd as the node's output i (its shape and dtype)."""
+    out = cx.out(i)
+    return cx.cast(cx.reshape(v, out.shape), out.dtype)
 
 
 def _momentum(cx: Ctx, running, batch, momentum: float):

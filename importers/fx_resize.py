@@ -156,12 +156,10 @@ _GRID_PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
 
 @converts(torch.ops.aten.grid_sampler_2d.default, torch.ops.aten.grid_sampler_3d.default)
 def _grid_sampler(cx: Ctx, x, grid, interpolation_mode, padding_mode, align_corners):
-    """F.grid_sample (RAFT's flow warping, spatial transformers): linear or nearest, any
-    padding, as gathers at computed indices (importers/grid_sample.py)."""
+    """F.grid_sample (RAFT's flow warping, spatial transformers): bilinear, nearest or
+    bicubic, any padding, as gathers at computed indices (importers/grid_sample.py)."""
     from importers.grid_sample import Refused, grid_sample_ir
 
-    if not x.type.static or not grid.type.static:
-        raise Fallback("grid sampling with dynamic shapes")
     try:
         return grid_sample_ir(cx, x, grid, _GRID_MODES.get(interpolation_mode, "?"),
                               _GRID_PADDINGS.get(padding_mode, "?"), bool(align_corners))

@@ -43,7 +43,10 @@ class Refused(Exception):
 
 def grid_sample_ir(cx, x, grid, mode: str, padding: str, align_corners: bool):
     """Y as above, from the IR builder `cx` (the ONNX or the torch converter's context:
-    op, const, scalar, cast, reshape); X and the grid with static shapes."""
+    op, const, scalar, cast, reshape). Refused (the converters' host fallback, with its
+    reason) for what it does not build: dynamic shapes, 3-d cubic, other dtypes."""
+    if not x.type.static or not grid.type.static:
+        raise Refused("dynamic shapes")
     if mode not in MODES:
         raise Refused(f"mode {mode!r}")
     if mode == "cubic" and x.type.rank != 4:

@@ -149,13 +149,11 @@ _GRID_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest",
 
 @converter("GridSample", 16)
 def convert_grid_sample(cx: NodeContext):
-    """Linear and nearest sampling with any padding mode as gathers at computed
-    indices (importers/grid_sample.py); cubic stays on the host."""
+    """Linear, nearest and (2-d) cubic sampling with any padding mode as gathers at
+    computed indices (importers/grid_sample.py); what it refuses stays on the host."""
     from importers.grid_sample import Refused, grid_sample_ir
 
     x, grid = cx.inputs[:2]
-    if not x.type.static or not grid.type.static:
-        raise Fallback("GridSample needs static shapes")
     mode = cx.attr("mode", "bilinear" if cx.version < 20 else "linear")
     if mode not in _GRID_MODES:
         raise InvalidModelError(f"{cx.describe}: unknown mode {mode!r}")
