@@ -543,14 +543,16 @@ class Renderer(RowKernels):
 
     def _winograd_hooks(self, ptrs, k: Kernel) -> tuple:
         """(epilogue on registers, in-place epilogue after each store) for a Winograd conv:
-        at most one of them; both None when the kernel has no epilogue."""
+        at most one of them; both None when the kernel has no epilogue. The register one
+        takes a lane mask for a vector across Cout (winograd._output_transform), the
+        in-place one the count of its lanes."""
         if k.root is k.contraction.outputs[0]:
             return None, None
-        apply = self._register_apply(ptrs, k)
+        apply = self._register_apply(ptrs, k, multiple=1)
         if apply is not None:
             return apply, None
-        return None, lambda b, pixel, col: self._epilogue(b, ptrs, k, pixel, col,
-                                                          i64(self.tile.vec))
+        return None, lambda b, pixel, col, lanes: self._epilogue(b, ptrs, k, pixel, col,
+                                                                 i64(lanes))
 
     def _tile_prefetch(self, ptrs, k: Kernel):
         """A function that prefetches, before a tile's K loop, the lines of the tile in the

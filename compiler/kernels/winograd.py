@@ -157,9 +157,8 @@ def refusal(node, tile: Tile) -> str | None:
     oh, ow = node.outputs[0].shape[1:3]
     if w.shape[2:] != (3, 3) or tuple(a["strides"]) != (1, 1) or tuple(a["dilations"]) != (1, 1):
         return "not a 3x3 stride-1 undilated conv"
-    if cin % tile.vec or cout % tile.nr:
-        return (f"channels {cin} -> {cout}: Winograd needs multiples of {tile.vec} in, "
-                f"{tile.nr} out")
+    if cin % tile.vec:
+        return f"{cin} input channels: Winograd needs a multiple of {tile.vec}"
     if not _patches_fit(4, cin, tile):
         return f"{cin} input channels: the transformed patches would not fit the scratch"
     if min(oh, ow) < MIN_SIDE:
@@ -271,10 +270,16 @@ class WinogradShape(ConvShape):
         return -(-self.tiles // self.rows)
 
     @property
+    def panels(self) -> int:
+        """Panels of NR output channels (the last one partly padding where NR does not
+        divide Cout: its GEMMs run on U's zero columns, its stores stop at Cout)."""
+        return -(-self.cout // self.tile.nr)
+
+    @property
     def groups(self) -> int:
         """Panel groups a block of tiles is split into: enough work items for the threads
         to share evenly (each group transforms its tiles' inputs again: a few percent)."""
-        panels = self.cout // self.tile.nr
+        panels = self.panels
         if self.blocks >= MIN_ITEMS:
             return 1
         want = -(-MIN_ITEMS // self.blocks)
@@ -343,8 +348,9 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
     gemm.for_range(b, rows, lambda b, r: _input_transform(
         b, s, x_ptr, zeros, v_buf, rows, r, *_tile_origin(b, s, b.add(t0, r))))
     t = s.tile
-    panels = s.cout // t.nr
+    panels = s.panels
     per_group = panels // s.groups
+    last_cols = s.cout - (panels - 1) * t.nr  # output channels in the last panel
 
     def panel_body(b, q):
         p = b.add(b.mul(group, _i64(per_group)), q)
@@ -375,9 +381,20 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
 
         gemm.for_range(b, s.alpha ** 2, gemm_k)
         col0 = b.mul(p, _i64(t.nr))
-        gemm.for_range(b, rows, lambda b, r: _output_transform(
-            b, s, m_buf, rows, r, *_tile_origin(b, s, b.add(t0, r)), col0, bias_ptr, y_ptr,
-            hooks))
+
+        def outputs(cols: int) -> None:
+            gemm.for_range(b, rows, lambda b, r: _output_transform(
+                b, s, m_buf, rows, r, *_tile_origin(b, s, b.add(t0, r)), col0, bias_ptr,
+                y_ptr, hooks, cols))
+
+        if last_cols == t.nr:
+            outputs(t.nr)
+            return
+        with b.if_else(b.icmp_unsigned("==", p, _i64(panels - 1))) as (then, otherwise):
+            with then:
+                outputs(last_cols)
+            with otherwise:
+                outputs(t.nr)
 
     gemm.for_range(b, per_group, panel_body)
 
@@ -463,11 +480,17 @@ def _sandwich(f, ops, d: list, n: int) -> list:
 
 
 def _output_transform(b, s: WinogradShape, m_buf, rows: int, r, n, y0, x0, col0,
-                      bias_ptr, y_ptr, hooks) -> None:
-    """Y's m x m block of tile r = A^T M A (+ bias, epilogue), for the panel's NR channels."""
+                      bias_ptr, y_ptr, hooks, cols: int) -> None:
+    """Y's m x m block of tile r = A^T M A (+ bias, epilogue), for the panel's first `cols`
+    channels (NR, or fewer in a last panel that runs past Cout): vectors past them are
+    neither transformed nor stored, a vector across Cout is stored lane by lane and its
+    epilogue reads its operands' lanes below Cout only (a mask)."""
     t, tile = TRANSFORMS[s.m], s.tile
     ops = _VectorOps(b, tile)
     for v in range(tile.nv):
+        lanes = min(max(cols - v * tile.vec, 0), tile.vec)
+        if not lanes:
+            continue
         m = [b.load(b.gep(m_buf, [b.add(b.mul(b.add(_i64(k * rows), r), _i64(tile.nr)),
                                         _i64(v * tile.vec))], source_etype=F32,
                           inbounds=True),
@@ -475,19 +498,24 @@ def _output_transform(b, s: WinogradShape, m_buf, rows: int, r, n, y0, x0, col0,
         out = _sandwich(t.at, ops, m, t.alpha)
         col = b.add(col0, _i64(v * tile.vec))
         bias = None
-        if bias_ptr is not None:
+        if bias_ptr is not None:  # packed to whole panels (conv.pack_bias)
             bias = b.load(b.gep(bias_ptr, [col], source_etype=F32, inbounds=True),
                           typ=tile.vtype, align=4)
+        mask = None
+        if lanes < tile.vec:
+            mask = ir.Constant(ir.VectorType(ir.IntType(1), tile.vec),
+                               [i < lanes for i in range(tile.vec)])
         for i in range(s.m):
             for j in range(s.m):
                 # an uneven side's last tile has rows or columns past the image
                 edge = (s.oh % s.m and i >= s.oh % s.m) or (s.ow % s.m and j >= s.ow % s.m)
                 _store_output(b, s, out[i * s.m + j], bias, n, b.add(y0, _i64(i)),
-                              b.add(x0, _i64(j)), col, y_ptr, hooks, edge=bool(edge))
+                              b.add(x0, _i64(j)), col, y_ptr, hooks, edge=bool(edge),
+                              lanes=lanes, mask=mask)
 
 
 def _store_output(b, s: WinogradShape, vec, bias, n, oy, ox, col, y_ptr, hooks,
-                  edge: bool) -> None:
+                  edge: bool, lanes: int, mask) -> None:
     epilogue, post = hooks
     pixel = b.add(b.mul(b.add(b.mul(n, _i64(s.oh)), oy), _i64(s.ow)), ox)
     off = b.add(b.mul(pixel, _i64(s.cout)), col)
@@ -495,10 +523,14 @@ def _store_output(b, s: WinogradShape, vec, bias, n, oy, ox, col, y_ptr, hooks,
     def store(b):
         x = vec if bias is None else b.fadd(vec, bias)
         if epilogue is not None:
-            x = epilogue(b, x, off, col)
-        b.store(x, b.gep(y_ptr, [off], source_etype=F32, inbounds=True), align=4)
+            x = epilogue(b, x, off, col, mask)
+        if lanes == s.tile.vec:
+            b.store(x, b.gep(y_ptr, [off], source_etype=F32, inbounds=True), align=4)
+        else:
+            gemm.store_lanes(b, x, lanes, lambda i: b.gep(
+                y_ptr, [b.add(off, _i64(i))], source_etype=F32, inbounds=True))
         if post is not None:
-            post(b, pixel, col)
+            post(b, pixel, col, lanes)
 
     if not edge:  # an odd side's last tile has a row or column past the image
         return store(b)

@@ -337,7 +337,7 @@ def test_winograd_says_why_not():
 
     rng = np.random.default_rng(6)
     for shape, k, strides, why in [((1, 9, 9, 16), 32, (2, 2), "stride-1"),
-                                   ((1, 9, 9, 8), 32, (1, 1), "multiples of 16"),
+                                   ((1, 9, 9, 8), 32, (1, 1), "multiple of 16"),
                                    ((1, 5, 5, 16), 32, (1, 1), "too few")]:
         w = rng.standard_normal((k, shape[3], 3, 3)).astype(np.float32)
         g = _conv_graph(shape, w, None, strides, (1, 1, 1, 1), (1, 1))
@@ -367,6 +367,40 @@ graph e(%x: f32[1,8,8,16]) -> (%y) {{
         y, = cg.run([x])
         want = ref(_torch_conv(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1)))
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3", "cpu:x86-64-v2"])
+@pytest.mark.parametrize("cout", [144, 40, 38])
+def test_winograd_with_channels_past_the_last_panel(cout, spec):
+    """Winograd where NR does not divide Cout (144 = 4.5 AVX-512 panels, R(2+1)D's; 40;
+    38, not whole vectors on any target): the last panel's GEMMs run on U's zero
+    columns, its stores stop at Cout. Residual add + ReLU run on the output vectors (a
+    mask for the vector across Cout), exp in place after each store; every target runs
+    here and matches torch."""
+    from compiler.kernels import choice
+
+    rng = np.random.default_rng(cout)
+    cin = 16
+    w = rng.standard_normal((cout, cin, 3, 3)).astype(np.float32)
+    g, y_shape = _residual_block((1, 12, 10, cin), w, (1, 1, 1, 1))
+    cg = CpuStep(compile_graph(g, target=spec))
+    assert [k.impl.name for k in cg.kernels] == [choice.WINOGRAD]
+    _check_residual_block(cg, rng, (1, 12, 10, cin), y_shape, w, (1, 1, 1, 1))
+    bias = rng.standard_normal(cout).astype(np.float32)
+    g = parse_graph(f"""
+graph e(%x: f32[2,9,11,{cin}]) -> (%y) {{
+  %w = const() {{value=@w}} : f32[{cout},{cin},3,3]
+  %b = const() {{value=@b}} : f32[{cout}]
+  %c = conv(%x, %w, %b) {{strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, layout="NHWC"}} : f32[2,9,11,{cout}]
+  %y = exp(%c) : f32[2,9,11,{cout}]
+}}
+""", {"w": w * 0.1, "b": bias})
+    cg = CpuStep(compile_graph(g, target=spec))
+    assert [k.impl.name for k in cg.kernels] == [choice.WINOGRAD]
+    x = rng.standard_normal((2, 9, 11, cin)).astype(np.float32)
+    y, = cg.run([x])
+    want = np.exp(_torch_conv(x, w * 0.1, bias, (1, 1), (1, 1, 1, 1), (1, 1)))
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=0)
 
 
 @pytest.mark.parametrize("x_shape,strides", [((1, 5, 5, 1024), (1, 1)),
