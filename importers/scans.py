@@ -1,11 +1,13 @@
-"""Prefix sums and take-along-axis gathers as braze IR, shared by both importers.
+"""Prefix sums and products and take-along-axis gathers as braze IR, shared by both
+importers.
 
 cumsum along an axis of n elements is ceil(log2 n) steps of Hillis and Steele's scan:
   y_0 = x;  y_{k+1}[i] = y_k[i] + y_k[i - 2^k]   (the second term 0 where i < 2^k)
 each step a slice, a zero pad and an add, all index arithmetic; exact for integers,
 for floats a different (tree-like) summation order than a running sum. exclusive
 shifts the result by one (the first element 0), reverse flips the axis before and
-after (a slice with step -1).
+after (a slice with step -1). cumprod is the same scan with mul, 1 entering instead
+of 0.
 
 take_along_axis (ONNX GatherElements) reads data at a flat index:
   flat[i...] = idx[i...] * stride[axis] + sum over d != axis of i_d * stride[d]
@@ -34,17 +36,28 @@ def _slice(cx, x, axis: int, start: int, step: int, n: int):
     return cx.op("slice", x, starts=tuple(starts), steps=tuple(steps), sizes=tuple(sizes))
 
 
-def _shift(cx, x, axis: int, by: int):
-    """x moved `by` places up along `axis`, zeros entering at the start."""
+def _shift(cx, x, axis: int, by: int, fill: float = 0.0):
+    """x moved `by` places up along `axis`, `fill` entering at the start."""
     n = x.shape[axis]
     kept = _slice(cx, x, axis, 0, 1, n - by)
     pads = [0] * (2 * x.type.rank)
     pads[axis] = by
-    return cx.op("pad", kept, pads=tuple(pads), mode="constant", value=0.0)
+    return cx.op("pad", kept, pads=tuple(pads), mode="constant", value=fill)
 
 
 def cumsum_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False):
     """The prefix sums of x along `axis` (module doc)."""
+    return _scan(cx, x, axis, "add", 0.0, exclusive, reverse)
+
+
+def cumprod_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False):
+    """The prefix products of x along `axis` (module doc)."""
+    return _scan(cx, x, axis, "mul", 1.0, exclusive, reverse)
+
+
+def _scan(cx, x, axis: int, combine: str, identity: float, exclusive: bool, reverse: bool):
+    """Hillis and Steele's scan of x along `axis` with the IR op `combine`, whose
+    identity enters where a step reads before the start."""
     n = x.shape[axis]
     if n is None:
         raise ValueError("a dynamic scan length")
@@ -54,10 +67,10 @@ def cumsum_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False):
         x = _slice(cx, x, axis, n - 1, -1, n)
     y, span = x, 1
     while span < n:
-        y = cx.op("add", y, _shift(cx, y, axis, span))
+        y = cx.op(combine, y, _shift(cx, y, axis, span, identity))
         span *= 2
     if exclusive:
-        y = _shift(cx, y, axis, 1)
+        y = _shift(cx, y, axis, 1, identity)
     if reverse:
         y = _slice(cx, y, axis, n - 1, -1, n)
     return y
@@ -81,8 +94,8 @@ def take_along_axis_ir(cx, data, idx, axis: int):
     shape, ishape = data.shape, idx.shape
     strides = np.cumprod((shape[1:] + (1,))[::-1])[::-1].astype(np.int64)
     grid = np.indices(ishape, dtype=np.int64)
-    base = sum(grid[d] * strides[d] for d in range(len(shape)) if d != axis)
-    base = np.asarray(base, dtype=np.int64).reshape(ishape)
+    base = sum((grid[d] * strides[d] for d in range(len(shape)) if d != axis),
+               np.zeros(ishape, np.int64))
     i, bad = checked_index(cx, idx, shape[axis])
     total = int(np.prod(shape))
     flat_i = cx.op("add", cx.op("mul", i, cx.scalar(int(strides[axis]), "i64")),

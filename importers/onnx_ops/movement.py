@@ -209,6 +209,33 @@ def convert_pad(cx: NodeContext):
     return [cx.op("pad", x, pads=positive, mode=mode, value=float(value))]
 
 
+@converter("CenterCropPad", 18)
+def convert_center_crop_pad(cx: NodeContext):
+    """Each listed axis cropped to its centre (a slice; an odd excess leaves the extra
+    element at the end) or zero-padded around it (an odd pad adds the extra element at
+    the end)."""
+    x = cx.x
+    rank = x.type.rank
+    shape = cx.ints_input(1, "shape")
+    axes = [cx.axis(a, rank) for a in cx.attr("axes", list(range(rank)))]
+    if shape is None:
+        raise Fallback("CenterCropPad with a run-time shape")
+    if len(shape) != len(axes) or len(set(axes)) != len(axes):
+        raise InvalidModelError(f"{cx.describe}: {len(shape)} sizes for axes {axes}")
+    if not x.type.static:
+        raise Fallback(f"CenterCropPad over {x.type}")
+    pads = [0] * (2 * rank)
+    for a, size in zip(axes, shape):
+        if size < 0:
+            raise InvalidModelError(f"{cx.describe}: negative size {size}")
+        if x.shape[a] > size:
+            x = slice_axis(cx, x, a, (x.shape[a] - size) // 2, 1, size)
+        else:
+            pads[a] = (size - x.shape[a]) // 2
+            pads[a + rank] = size - x.shape[a] - pads[a]
+    return [cx.op("pad", x, pads=tuple(pads), mode="constant", value=0.0) if any(pads) else x]
+
+
 @converter("Gather", 1)
 def convert_gather(cx: NodeContext):
     data, idx = cx.inputs
@@ -345,14 +372,26 @@ def convert_cumsum(cx: NodeContext):
     """Prefix sums by Hillis and Steele's log-step scan (importers/scans.py)."""
     from importers.scans import cumsum_ir
 
+    return [_scan(cx, cumsum_ir)]
+
+
+@converter("CumProd", 26)
+def convert_cumprod(cx: NodeContext):
+    """Prefix products, by the same scan as CumSum's."""
+    from importers.scans import cumprod_ir
+
+    return [_scan(cx, cumprod_ir)]
+
+
+def _scan(cx: NodeContext, scan):
+    """CumSum's and CumProd's inputs and attributes, checked, then `scan` of them."""
     x = cx.x
     axis = cx.ints_input(1, "axis")
     if axis is None or len(axis) != 1:
         raise InvalidModelError(f"{cx.describe}: axis must be one integer")
     if not x.type.static or x.dtype == "bool":
-        raise Fallback(f"CumSum over {x.type}")
+        raise Fallback(f"{cx.node.op_type} over {x.type}")
     if not -x.type.rank <= axis[0] < x.type.rank:  # onnxruntime loads it, fails at run time
         raise Fallback(f"axis {axis[0]} out of range for rank {x.type.rank}")
-    return [cumsum_ir(cx, x, cx.axis(axis[0], x.type.rank),
-                      exclusive=bool(cx.attr("exclusive", 0)),
-                      reverse=bool(cx.attr("reverse", 0)))]
+    return scan(cx, x, cx.axis(axis[0], x.type.rank), exclusive=bool(cx.attr("exclusive", 0)),
+                reverse=bool(cx.attr("reverse", 0)))

@@ -240,6 +240,29 @@ def _ceil_average_counting_pads(cx: NodeContext, kernel, attrs: dict):
                                                      declared)))
 
 
+@converter("LpPool", 2)
+def convert_lp_pool(cx: NodeContext):
+    """(sum over the window of |x|^p)^(1/p): the window sum is an average counting the
+    pads (zeros, as here) times the kernel's size; with ceil_mode, windows running past
+    the end padding are averaged over the kernel's size too (avg_pool with
+    count_include_pad over the grown pads), so that product is the sum everywhere."""
+    x = cx.x
+    kernel = list(cx.attr("kernel_shape"))
+    p = cx.attr("p", 2)
+    if x.dtype not in ("f32", "f64") or p <= 0:
+        raise Fallback(f"LpPool with p={p} over {x.type}")
+    attrs = _window_attrs(cx, x.shape[2:], kernel)
+    powered = cx.op("mul", x, x) if p == 2 else cx.op("abs", x) if p == 1 else \
+        cx.op("pow", cx.op("abs", x), cx.scalar(p, x.dtype))
+    pooled = cx.op("avg_pool", powered, kernel=tuple(kernel), count_include_pad=True, **attrs)
+    total = cx.op("mul", pooled, cx.scalar(math.prod(kernel), x.dtype))
+    if p == 1:
+        return [total]
+    if p == 2:
+        return [cx.op("sqrt", total)]
+    return [cx.op("pow", total, cx.scalar(1.0 / p, x.dtype))]
+
+
 @converter("GlobalAveragePool", 1)
 def convert_global_avg_pool(cx: NodeContext):
     return [cx.mean(cx.x, range(2, cx.x.type.rank))]

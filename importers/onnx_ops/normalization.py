@@ -100,6 +100,24 @@ def convert_group_norm(cx: NodeContext):
     return [cx.op("add", y, cx.reshape(bias, _channel_shape(x)))]
 
 
+@converter("LpNormalization", 1)
+def convert_lp_normalization(cx: NodeContext):
+    """x / ||x||_p along `axis`, p 1 or 2; 0 where the norm is 0 (onnxruntime, ONNX's
+    reference)."""
+    x = cx.x
+    p, axis = cx.attr("p", 2), cx.axis(cx.attr("axis", -1), cx.x.type.rank)
+    if p not in (1, 2):
+        raise InvalidModelError(f"{cx.describe}: p must be 1 or 2, not {p}")
+    if x.dtype not in ("f32", "f64"):
+        raise Fallback(f"LpNormalization over {x.type}")
+    if p == 1:
+        norm = cx.reduce("sum", cx.op("abs", x), [axis])
+    else:
+        norm = cx.op("sqrt", cx.reduce("sum", cx.op("mul", x, x), [axis]))
+    zero = cx.scalar(0, x.dtype)
+    return [cx.op("select", cx.op("eq", norm, zero), zero, cx.op("div", x, norm))]
+
+
 @converter("LRN", 1)
 def convert_lrn(cx: NodeContext):
     """Local response normalization across channels (AlexNet, GoogLeNet, ZFNet):

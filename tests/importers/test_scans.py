@@ -1,5 +1,5 @@
-"""Prefix sums and take-along-axis gathers (importers/scans.py) from both front ends:
-the scan is log-step adds, the gather one flat gather; numbers against onnxruntime
+"""Prefix sums and products and take-along-axis gathers (importers/scans.py) from both
+front ends: the scan is log-step adds (or muls), the gather one flat gather; numbers against onnxruntime
 and torch, compiled with nothing on the host, and an index out of range raised."""
 
 from __future__ import annotations
@@ -27,24 +27,33 @@ def _ort(model, feeds):
                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
+@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
 @pytest.mark.parametrize("dtype,axis,exclusive,reverse", [
     (np.float32, 1, 0, 0), (np.float32, -1, 1, 0), (np.int64, 1, 0, 1),
     (np.int32, 0, 1, 1), (np.float64, 2, 0, 0)])
-def test_cumsum_matches_onnxruntime(dtype, axis, exclusive, reverse):
-    x = (RNG.standard_normal((3, 37, 5)) * 10).astype(dtype)
+def test_scans_match_onnxruntime(op, dtype, axis, exclusive, reverse):
+    # products of values near 1 (and small integers) stay finite over 37 steps
+    x = RNG.standard_normal((3, 37, 5)) * 10 if op == "CumSum" else \
+        RNG.uniform(0.8, 1.25, (3, 37, 5)) * RNG.choice([-1, 1], (3, 37, 5))
+    if op == "CumProd" and np.issubdtype(dtype, np.integer):
+        x = RNG.choice([-1, 1, 2], (3, 37, 5))
+    x = x.astype(dtype)
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    node = helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive,
-                            reverse=reverse)
-    model = _model([node], [("x", elem, x.shape)],
-                   [numpy_helper.from_array(np.array(axis, np.int64), "axis")], out=elem)
+    node = helper.make_node(op, ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, x.shape)],
+                              [helper.make_tensor_value_info("y", elem, None)],
+                              [numpy_helper.from_array(np.array(axis, np.int64), "axis")])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17 if op == "CumSum" else 26)])
     m = bridge.compile_onnx(model, allow_fallback=False)
     got, want = m(x)[0], _ort(model, {"x": x})
     if np.issubdtype(dtype, np.integer):
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-    adds = sum(n.op == "add" for n in next(iter(m._specs.values())).plan.graph.nodes)
-    assert adds == int(np.ceil(np.log2(x.shape[axis])))  # log-step, not a running sum
+    combine = "add" if op == "CumSum" else "mul"
+    steps = sum(n.op == combine for n in next(iter(m._specs.values())).plan.graph.nodes)
+    assert steps == int(np.ceil(np.log2(x.shape[axis])))  # log-step, not a running one
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -55,6 +64,17 @@ def test_gather_elements_matches_onnxruntime(axis):
     n = data.shape[axis]
     idx = RNG.integers(-n, n, idx_shape).astype(np.int64)
     node = helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)
+    model = _model([node], [("x", TensorProto.FLOAT, data.shape),
+                            ("i", TensorProto.INT64, idx.shape)])
+    got = bridge.compile_onnx(model, allow_fallback=False)(data, idx)[0]
+    np.testing.assert_array_equal(got, _ort(model, {"x": data, "i": idx}))
+
+
+def test_gather_elements_on_one_dim():
+    """A 1-d gather (no other axes to add to the flat index)."""
+    data = RNG.standard_normal(7).astype(np.float32)
+    idx = np.array([6, -1, 0, 3], np.int64)
+    node = helper.make_node("GatherElements", ["x", "i"], ["y"], axis=0)
     model = _model([node], [("x", TensorProto.FLOAT, data.shape),
                             ("i", TensorProto.INT64, idx.shape)])
     got = bridge.compile_onnx(model, allow_fallback=False)(data, idx)[0]
