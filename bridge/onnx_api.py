@@ -198,7 +198,7 @@ class CompiledOnnxModel:
 
     def _specialize(self, arrays: list) -> _Specialization:
         """The specialization for these inputs' shapes; if converting needs the values of
-        small integer inputs (axes, pads, shapes given as inputs), for those values too."""
+        small inputs (axes, pads, shapes, Resize scales given as inputs), for those values too."""
         shapes = {n: tuple(a.shape) for n, a in zip(self.input_names, arrays)
                   if isinstance(a, np.ndarray)}
         key = tuple(sorted(shapes.items()))

@@ -37,6 +37,8 @@ def refusal(node: Node) -> str | None:
         return "an input is computed at run time"
     if node.attrs.get("op_type") in RANDOM_OPS:
         return "a random op: a new draw each call"
+    if not all(o.type.static for o in node.outputs):
+        return "an output's shape is not known"
     if sum(o.type.size for o in node.outputs) > FOLD_MAX_ELEMENTS:
         return f"more than {FOLD_MAX_ELEMENTS} elements"
     return None

@@ -49,9 +49,16 @@ __all__ = ["OnnxImport", "import_onnx", "load_model"]
 INFERENCE_CONST_LIMIT = 4096
 
 # A graph input that a converter needs as a constant (axes, pads, a shape) and that
-# has at most this many integer elements is reported in OnnxImport.value_inputs:
+# has at most this many elements is reported in OnnxImport.value_inputs:
 # the caller may specialize on its value, as it does on shapes.
 VALUE_SPECIALIZE_ELEMENTS = 64
+# ... of these dtypes: sizes, axes and pads (integers), and Resize's scales or Pad's
+# constant value given as inputs (floats: each value compiles once, as a shape does).
+VALUE_SPECIALIZE_DTYPES = ("i32", "i64", "f32", "f64")
+# Values walked back from a wanted one to the graph inputs it is computed from, at most
+# (a shape computation is a handful of nodes; a value that depends on a whole model
+# is not worth specializing on).
+WANTED_SEARCH_VALUES = 64
 
 # ops that pass any value through unchanged, so they convert even for opaque
 # or dynamically shaped inputs
@@ -388,11 +395,28 @@ class _Importer:
             self.env[name] = v
 
     def _note_wanted(self, v: Value | None) -> None:
-        """Record a small integer graph input a converter wanted as a constant."""
-        if (v is not None and v.producer is None and v.name not in self.value_inputs
-                and v.dtype in ("i32", "i64") and v.type.static
-                and v.type.size <= VALUE_SPECIALIZE_ELEMENTS):
-            self.value_inputs.append(v.name)
+        """Record the small integer or float graph inputs a value a converter wanted as a constant
+        is computed from (the value itself, or e.g. pads computed from a size input by
+        Max, Sub, Div and Concat, as ONNX's function expansions do): with their values
+        known, that computation folds. Nothing when anything else feeds it."""
+        if v is None:
+            return
+        leaves, seen, todo = [], set(), [v]
+        while todo:
+            u = todo.pop()
+            if id(u) in seen:
+                continue
+            seen.add(id(u))
+            if len(seen) > WANTED_SEARCH_VALUES:
+                return
+            if u.producer is None:
+                if not (u.dtype in VALUE_SPECIALIZE_DTYPES and u.type.static
+                        and u.type.size <= VALUE_SPECIALIZE_ELEMENTS):
+                    return
+                leaves.append(u)
+            elif u.producer.op != "const":
+                todo.extend(u.producer.inputs)
+        self.value_inputs.extend(u.name for u in leaves if u.name not in self.value_inputs)
 
     # -- host nodes ---------------------------------------------------------
 
