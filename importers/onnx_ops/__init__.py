@@ -72,11 +72,13 @@ from importers.onnx_ops import (  # noqa: E402,F401
     einsum,
     elementwise,
     activations,
+    losses,
     nn,
     normalization,
     movement,
     reduce,
     resize,
     rnn,
+    selection,
     shape,
 )

@@ -29,13 +29,14 @@ N = 64  # rows: 64 x 64 elements keeps the elementwise clusters from counting as
 
 
 def _model() -> onnx.ModelProto:
-    """relu(hardmax(x + w, axis=1)): Add and Relu compiled by braze, Hardmax (no braze
-    converter) a host node on onnxruntime; symbolic batch."""
+    """relu(mvn(x + w) over axis 1): Add and Relu compiled by braze,
+    MeanVarianceNormalization (no braze converter) a host node on onnxruntime; symbolic
+    batch."""
     w = np.random.default_rng(1).standard_normal(64).astype(np.float32)
     inits = [numpy_helper.from_array(w, "w"),
              numpy_helper.from_array(np.array(1, np.int64), "axis")]
     nodes = [helper.make_node("Add", ["x", "w"], ["a"], name="add"),
-             helper.make_node("Hardmax", ["a"], ["c"], name="hardmax", axis=1),
+             helper.make_node("MeanVarianceNormalization", ["a"], ["c"], name="mvn", axes=[1]),
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
     g = helper.make_graph(nodes, "addcumsumrelu",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
@@ -264,7 +265,7 @@ def test_cli_compile_then_run(tmp_path, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["compile", "{src}", "-o", "{dir}/m.braze"], ["symbolic", "--shape x="]),
     (["compile", "{src}", "-o", "{dir}/m.braze", "--shape", "x=64,64", "--no-fallback"],
-     ["Hardmax"]),
+     ["MeanVarianceNormalization"]),
     (["run", "{dir}/missing.braze"], ["no such file"]),
     (["run", "{dir}/m.onnx.braze", "--random"], ["no such file"]),
 ])

@@ -12,11 +12,11 @@ from importers.onnx import import_onnx
 
 
 def _model(random: bool = False):
-    """x + Hardmax(c) (an op braze has no converter for): Hardmax's result is a
-    constant."""
+    """x + MeanVarianceNormalization(c) (an op braze has no converter for): its result
+    is a constant."""
     zeros = numpy_helper.from_array(np.zeros((4, 5), np.float32), "zeros")
     c = numpy_helper.from_array(np.arange(20, dtype=np.float32).reshape(4, 5) % 7, "c")
-    nodes = [helper.make_node("Hardmax", ["c"], ["mask"]),
+    nodes = [helper.make_node("MeanVarianceNormalization", ["c"], ["mask"], axes=[1]),
              helper.make_node("Add", ["x", "mask"], ["y"])]
     if random:
         nodes = [helper.make_node("RandomUniformLike", ["zeros"], ["mask"], seed=1.0),
@@ -48,7 +48,7 @@ def test_random_and_run_time_host_nodes_stay():
     assert "random" in onnx_fold.refusal(host)
     assert onnx_fold.fold_constant_host_nodes(g, 17) == 0
     cumsum = helper.make_model(helper.make_graph(
-        [helper.make_node("Hardmax", ["x"], ["y"], axis=0)], "g",
+        [helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[0])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
         [numpy_helper.from_array(np.array(0, np.int64), "ax")]),
