@@ -206,9 +206,17 @@ class _Importer:
                 return int(np.prod(shape))
             if target is torch.ops.aten.sym_size.int:
                 return shape[args[1]]
-        if any(isinstance(a, Value) for a in _flat(args) + _flat(kwargs)):
+        flat = _flat(args) + _flat(kwargs)
+        if any(isinstance(a, Value) for a in flat):
             raise CompileError(f"fx node {node.name} ({op_name(target)}) computes a Python "
                                "scalar from tensor data (data-dependent)")
+        if any(a is None for a in flat) and any(isinstance(a, torch.fx.Node) for a in
+                                                _flat(node.args) + _flat(node.kwargs)):
+            # a size only a host op's run knows (nonzero's, unique's): an unbacked SymInt
+            hosts = ", ".join(f"{name} ({why})" for name, _, why in self.result.refusals)
+            raise CompileError(f"fx node {node.name} ({op_name(target)}) computes a Python "
+                               "scalar from a size known only at run time (data-dependent)"
+                               + (f", after host node(s) {hosts}" if hosts else ""))
         return target(*args, **kwargs)
 
     @staticmethod

@@ -391,12 +391,24 @@ def _cumsum(cx: Ctx, x, dim, dtype=None):
     """Prefix sums by a log-step scan (importers/scans.py), in the result's dtype."""
     from importers.scans import cumsum_ir
 
+    return _scan(cx, cumsum_ir, x, dim)
+
+
+@converts(aten.cumprod.default)
+def _cumprod(cx: Ctx, x, dim, dtype=None):
+    """Prefix products by the same scan, in the result's dtype."""
+    from importers.scans import cumprod_ir
+
+    return _scan(cx, cumprod_ir, x, dim)
+
+
+def _scan(cx: Ctx, scan, x, dim):
     out = cx.out()
     if not x.type.static or out.dtype == "bool":
-        raise Fallback("cumsum of a dynamic or bool tensor")
+        raise Fallback("a scan of a dynamic or bool tensor")
     if x.type.rank == 0:
         return cx.cast(x, out.dtype)
-    return cumsum_ir(cx, cx.cast(x, out.dtype), norm_dim(dim, x.type.rank))
+    return scan(cx, cx.cast(x, out.dtype), norm_dim(dim, x.type.rank))
 
 
 @converts(aten.diagonal.default, aten.diagonal_copy.default)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from bridge import CompileError
 from compiler.codegen import cpu
 from tests.bridge.torch_models import LSTMTagger, SmallResNet, randomize_bn
 
@@ -285,10 +286,24 @@ def test_compile_failure_warns_and_runs_eagerly(monkeypatch, caplog):
 
 def test_allow_fallback_false_refuses_host_nodes():
     def f(x):
-        return torch.cumprod(x, 0)
+        return torch.special.erfcx(x)
 
     with pytest.raises(Exception, match="allow_fallback=False"):
         compiled(f, allow_fallback=False)(torch.randn(3))
+
+
+def test_a_size_only_a_host_op_knows_is_a_clear_error():
+    """nonzero's row count is known only when it runs (an unbacked size): with no host
+    fallback, the error names the host op; with it, the graph runs and is right."""
+    def f(x):
+        return torch.nonzero(x) + 1
+
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    with pytest.raises(CompileError, match=r"known only at run time.*nonzero"):
+        torch.compile(f, backend="braze", dynamic=False, fullgraph=True,
+                      options={"allow_fallback": False, "strict": True})(x)
+    torch._dynamo.reset()
+    assert torch.equal(compiled(f)(x), f(x))
 
 
 @pytest.mark.parametrize("options, message", [

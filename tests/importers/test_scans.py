@@ -90,8 +90,7 @@ def test_gather_elements_out_of_range_raises():
 
 
 class _Positions(torch.nn.Module):
-    """RoBERTa's position ids: a cumsum over the mask. (torch.gather stays on torch: for
-    an index out of range torch raises RuntimeError, braze's kernels an IndexError.)"""
+    """RoBERTa's position ids: a cumsum over the mask."""
 
     def forward(self, ids, table):
         mask = ids.ne(1).int()
@@ -109,3 +108,17 @@ def test_torch_cumsum_runs_compiled():
                             options={"allow_fallback": False, "strict": True})(ids, table)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_cumprod_runs_compiled():
+    """torch.cumprod in float and int (a discount factor's running product, say)."""
+    def f(x, n):
+        return torch.cumprod(x, 1), torch.cumprod(n, 0, dtype=torch.int64)
+
+    x = torch.rand(3, 9) + 0.5
+    n = torch.randint(-3, 4, (6, 2), dtype=torch.int32)
+    want = f(x, n)
+    got = torch.compile(f, backend="braze", dynamic=False,
+                        options={"allow_fallback": False, "strict": True})(x, n)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[1], want[1])
