@@ -76,12 +76,19 @@ def _predicate(ir_op):
     return convert
 
 
+# On bools (torch's mul, maximum and bitwise ops of masks) the arithmetic IR ops are
+# the logical ones.
+_ON_BOOL = {"mul": "and", "min": "and", "bitand": "and", "max": "or", "bitor": "or",
+            "bitxor": "xor"}
+
+
 def _binary(ir_op):
     def convert(cx: Ctx, a, b):
         if ir_op is None:
             raise Fallback("no IR op for it")
         dt = cx.out().dtype
-        return cx.op(ir_op, cx.tensor(a, dt), cx.tensor(b, dt))
+        op = _ON_BOOL.get(ir_op, ir_op) if dt == "bool" else ir_op
+        return cx.op(op, cx.tensor(a, dt), cx.tensor(b, dt))
     return convert
 
 
@@ -115,6 +122,20 @@ for _t, _op in _COMPARE.items():
     converts(_t)(_compare(_op))
 for _t, _op in _LOGICAL.items():
     converts(_t)(_logical(_op))
+
+
+@converts(aten.round.decimals)
+def _round_decimals(cx: Ctx, x, decimals=0):
+    """torch's order of operations: round(x * 10^d) / 10^d, or for d < 0 round(x / 10^-d)
+    * 10^-d, halves to even, the power of ten in x's dtype."""
+    dt = cx.out().dtype
+    if dt not in ("f32", "f64"):
+        raise Fallback(f"round to decimals of {dt}")
+    if decimals == 0:
+        return cx.op("round", x)
+    scale = cx.scalar(10.0 ** abs(decimals), dt)
+    inner, outer = ("mul", "div") if decimals > 0 else ("div", "mul")
+    return cx.op(outer, cx.op("round", cx.op(inner, x, scale)), scale)
 
 
 @converts(aten.logical_not.default)

@@ -287,15 +287,54 @@ def _avg_pool(cx: Ctx, x, kernel, stride=(), padding=0, ceil_mode=False,
 @converts(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool1d.default,
           aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool(cx: Ctx, x, output_size):
+    """Even windows: one avg_pool. Uneven ones (8 -> 5: windows of 2 and 3 that
+    overlap): per uneven dim, the mean over a slice for each output (`_by_windows`)."""
     spatial = x.shape[2:]
     out = cx.out().shape[2:]
     if all(o == 1 for o in out):
         return mean(cx, x, tuple(range(2, x.type.rank)))
-    if any(o == 0 or i % o for i, o in zip(spatial, out)):
-        raise Fallback(f"adaptive pooling {tuple(spatial)} -> {tuple(out)} has uneven windows")
-    k = [i // o for i, o in zip(spatial, out)]
-    return cx.op("avg_pool", x, kernel=k, strides=k, pads=[0] * 2 * len(k),
-                 dilations=[1] * len(k))
+    if any(o == 0 for o in out) or not x.type.static:
+        raise Fallback(f"adaptive pooling {tuple(spatial)} -> {tuple(out)}")
+    if all(i % o == 0 for i, o in zip(spatial, out)):
+        k = [i // o for i, o in zip(spatial, out)]
+        return cx.op("avg_pool", x, kernel=k, strides=k, pads=[0] * 2 * len(k),
+                     dilations=[1] * len(k))
+    return _by_windows(cx, x, out, lambda part, d: mean(cx, part, (d,)))
+
+
+@converts(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def _adaptive_max_pool(cx: Ctx, x, output_size):
+    """The max over a slice for each output, dim by dim (`_by_windows`); its indices
+    output is refused where used."""
+    if 1 in cx.used:
+        raise Fallback("its indices output is used")
+    out = cx.out(0).shape[2:]
+    if not x.type.static or any(o == 0 for o in out) or any(i == 0 for i in x.shape[2:]):
+        raise Fallback(f"adaptive max pooling {x.type} -> {tuple(out)}")
+    return _by_windows(cx, x, out, lambda part, d: cx.op("reduce_max", part, axes=(d,),
+                                                         keepdims=True)), None
+
+
+def _by_windows(cx: Ctx, x, out, pool):
+    """Adaptive pooling as separable passes: for each spatial dim whose size changes, a
+    slice for each of its outputs' windows ([floor(k I / O), ceil((k + 1) I / O)),
+    torch's), pooled along that dim by `pool(part, dim)` and concatenated: O slices a
+    dim, for the small outputs of classifier heads and pyramid pooling. (An averaging
+    matrix would be one GEMM, but its zeros times an inf or NaN outside a window make
+    NaN there.)"""
+    for d, o in enumerate(out, start=2):
+        i = x.shape[d]
+        if i == o:
+            continue
+        parts = []
+        for k in range(o):
+            lo, hi = k * i // o, -(-(k + 1) * i // o)
+            starts, sizes = [0] * x.type.rank, list(x.shape)
+            starts[d], sizes[d] = lo, hi - lo
+            parts.append(pool(cx.op("slice", x, starts=tuple(starts),
+                                    steps=(1,) * x.type.rank, sizes=tuple(sizes)), d))
+        x = parts[0] if len(parts) == 1 else cx.op("concat", *parts, axis=d)
+    return x
 
 
 # -- normalization ----------------------------------------------------------
