@@ -76,6 +76,7 @@ from importers.onnx_ops import (  # noqa: E402,F401
     nn,
     normalization,
     movement,
+    positional,
     reduce,
     resize,
     rnn,
