@@ -17,7 +17,8 @@ Two lowerings onto the direct conv braze compiles:
   flipped in space and its in/out channels swapped within each group. This multiplies
   the inserted zeros too (prod(s) times the products the output needs).
 
-Weights must be constants (they are rearranged at import).
+Weights must be constants (they are rearranged at import); the ONNX importer lowers
+a run-time weight itself (importers/onnx_ops/nn.py: an im2col and a matmul).
 """
 
 from __future__ import annotations
