@@ -356,6 +356,8 @@ def _carry_out(em: _Emitter, name: str, out: str, c: Carrier, dtype: str) -> Non
 def _node_opset(n: Node) -> int:
     """The lowest default-domain opset at which `n` exports as the mapping writes it."""
     c = carrier(n)
+    if n.op in ("shl", "shr") and n.inputs[0].dtype in dtypes.SIGNED:
+        return 28  # BitShift takes signed integers from schema version 28
     if (n.op in _BITWISE and n.inputs[0].dtype != "bool") or (c is not None and c.flip_sign):
         return 18
     if n.op == "pad" and n.attrs["mode"] == "wrap":

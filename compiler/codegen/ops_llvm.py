@@ -4,7 +4,8 @@ Semantics match compiler/ops (numpy): integer division truncates toward zero
 and is guarded so a kernel never traps (INT_MIN / -1 wraps; x / 0 is what
 compiler.ops computes: x, plus 1 if x < 0; x mod 0 = 0); `mod`
 takes the divisor's sign; max/min propagate NaN; float -> int casts saturate
-(NaN -> 0); shifts by the bit width or more give 0.
+(NaN -> 0); shifts by the bit width or more (or by a negative amount) give 0, but
+-1 for a right shift of a negative signed x (shr of a signed dtype is arithmetic).
 """
 
 from __future__ import annotations
@@ -201,9 +202,14 @@ def binary_int(b, op: str, dtype: str, x, y):
     if op in ("div", "mod", "fmod"):
         return _int_divide(b, op, x, y, signed)
     if op in ("shl", "shr"):
+        # LLVM's shifts by the bit width or more are poison: compiler.ops (ONNX BitShift)
+        # gives the sign fill there. A negative (signed) amount compares unsigned as one.
         width = ir.Constant(t, t.width)
+        too_far = b.icmp_unsigned(">=", y, width)
+        if op == "shr" and dtype in dtypes.SIGNED:  # arithmetic: clamp to width - 1
+            return b.ashr(x, b.select(too_far, ir.Constant(t, t.width - 1), y))
         shifted = b.shl(x, y) if op == "shl" else b.lshr(x, y)
-        return b.select(b.icmp_unsigned(">=", y, width), ir.Constant(t, 0), shifted)
+        return b.select(too_far, ir.Constant(t, 0), shifted)
     raise IRError(f"no integer emitter for {op}")
 
 

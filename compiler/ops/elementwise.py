@@ -4,6 +4,8 @@ Binary ops require both operands to have the same dtype (importers insert
 casts); shapes broadcast as numpy does, so no explicit `broadcast` is needed
 in front of an elementwise op. Integer `div` truncates toward zero (C, ONNX);
 `mod` takes the sign of the divisor (Python), `fmod` that of the dividend (C).
+`shl`/`shr` follow ONNX BitShift: `shr` of a signed dtype is arithmetic, and an amount
+that is negative or at least the bit width gives -1 (`shr` of a negative x) or 0.
 """
 
 from __future__ import annotations
@@ -45,6 +47,26 @@ def _int_div(a, b):
 
 def _round(x):
     return np.round(x)
+
+
+def _shift(a, b, left: bool):
+    """ONNX BitShift (version 28) on any integer dtype: a right shift of a signed dtype is
+    arithmetic, a left shift drops the bits pushed past the top (the sign bit too); an
+    amount that is negative or at least the bit width gives the sign fill alone: -1 for a
+    right shift of a negative x, else 0. (LLVM's shl/lshr/ashr are poison there.)"""
+    a, b = np.asarray(a), np.asarray(b)
+    width = a.dtype.itemsize * 8
+    wide = (b < 0) | (b >= width) if b.dtype.kind == "i" else b >= width
+    amount = np.where(wide, 0, b)
+    if left:  # shift the bit pattern as unsigned: a signed shift past the sign bit wraps
+        bits = np.dtype(f"u{a.dtype.itemsize}")
+        shifted = np.left_shift(a.astype(bits), amount.astype(bits)).astype(a.dtype)
+        fill = np.zeros((), a.dtype)
+    else:  # numpy's right shift of a signed dtype is arithmetic
+        shifted = np.right_shift(a, amount.astype(a.dtype))
+        fill = np.where(a < 0, -1, 0).astype(a.dtype) if a.dtype.kind == "i" else \
+            np.zeros((), a.dtype)
+    return np.where(wide, fill, shifted)
 
 
 # name -> (allowed input dtypes, numpy function, result dtype or None = same)
@@ -99,8 +121,8 @@ BINARY: dict[str, tuple[frozenset, object, str | None]] = {
     "bitand": (dtypes.INTEGERS | {"bool"}, np.bitwise_and, None),
     "bitor": (dtypes.INTEGERS | {"bool"}, np.bitwise_or, None),
     "bitxor": (dtypes.INTEGERS | {"bool"}, np.bitwise_xor, None),
-    "shl": (dtypes.UNSIGNED, np.left_shift, None),
-    "shr": (dtypes.UNSIGNED, np.right_shift, None),
+    "shl": (dtypes.INTEGERS, lambda a, b: _shift(a, b, left=True), None),
+    "shr": (dtypes.INTEGERS, lambda a, b: _shift(a, b, left=False), None),
     "eq": (dtypes.SCALARS, np.equal, "bool"),
     "ne": (dtypes.SCALARS, np.not_equal, "bool"),
     "lt": (_ORDERED, np.less, "bool"),
