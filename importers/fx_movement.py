@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from compiler.ir import Value
 from importers.fx_context import Ctx, Fallback, converts, norm_dim
 
 aten = torch.ops.aten
@@ -344,9 +345,13 @@ def _index_put(cx: Ctx, x, indices, values, accumulate=False):
     """torch's functional x[idx] = values (x[idx] += values with `accumulate`): a bool
     mask over x's leading dims with one value (x[x < 0] = 0) is a select; constant
     integer indices (one tensor per leading dim, None for none) are positions known now,
-    a gather from x and the values side by side (importers/scans.py). Indices computed at
-    run time, or a mask with one value per True (a data-dependent count), stay on torch."""
+    a gather from x and the values side by side (importers/scans.py); indices computed at
+    run time (index_add, index_copy, max_unpool and a KV cache's position decompose to
+    this) are the IR's scatter at flat positions computed from them
+    (importers/scatter.py; negative indices count from the end, as torch's do). A mask
+    with one value per True (a data-dependent count) stays on torch."""
     from importers.scans import scatter_nd_ir, scatter_positions
+    from importers.scatter import flat_scatter, index_put_positions
 
     given = list(indices)
     if not x.type.static or not values.type.static:
@@ -360,22 +365,219 @@ def _index_put(cx: Ctx, x, indices, values, accumulate=False):
         if accumulate:
             return cx.op("add", x, cx.op("select", mask, v, cx.scalar(0, x.dtype)))
         return cx.op("select", mask, cx.op("broadcast", v, shape=x.shape), x)
-    if any(i is not None and not i.is_const for i in given):
-        raise Fallback("index_put at indices computed at run time")
-    if any(i is None for i in given) or any(i.dtype not in ("i32", "i64") for i in given):
-        raise Fallback("index_put with skipped dims or non-integer indices")
-    arrays = np.broadcast_arrays(*[np.asarray(i.const_value, dtype=np.int64) for i in given])
-    try:  # ScatterND's positions: one index tuple per leading dims' slice
-        positions = scatter_positions(x.shape, np.stack(arrays, axis=-1))
-    except ValueError:
-        raise Fallback("index_put index out of range (torch raises)") from None
-    upd = cx.op("broadcast", cx.cast(values, x.dtype), shape=positions.shape) \
-        if tuple(values.shape) != positions.shape else cx.cast(values, x.dtype)
-    if accumulate:
-        return scatter_nd_ir(cx, x, upd, positions, "add")
-    if len(np.unique(positions)) != positions.size:
-        raise Fallback("index_put to one place twice (torch leaves the order undefined)")
-    return scatter_nd_ir(cx, x, upd, positions)
+    pairs = [(d, i) for d, i in enumerate(given) if i is not None]
+    if not pairs or any(i.dtype not in ("i32", "i64") or not i.type.static for _, i in pairs):
+        raise Fallback("index_put with a bool index beside others, or no index")
+    reduction = "add" if accumulate else "none"
+    if x.dtype == "bool" and accumulate:
+        raise Fallback("index_put accumulating into bools")
+    if all(i.is_const for _, i in pairs) and all(i is not None for i in given):
+        arrays = np.broadcast_arrays(*[np.asarray(i.const_value, dtype=np.int64)
+                                       for i in given])
+        try:  # ScatterND's positions: one index tuple per leading dims' slice
+            positions = scatter_positions(x.shape, np.stack(arrays, axis=-1))
+            upd = cx.op("broadcast", cx.cast(values, x.dtype), shape=positions.shape) \
+                if tuple(values.shape) != positions.shape else cx.cast(values, x.dtype)
+            if accumulate or len(np.unique(positions)) == positions.size:
+                return scatter_nd_ir(cx, x, upd, positions, reduction)
+        except ValueError:  # out of range (reported at run time) or many repeats
+            pass
+    flat, _ = index_put_positions(cx, x.shape, pairs)
+    return flat_scatter(cx, x, flat, values, reduction)
+
+
+def _along(cx: Ctx, x, dim, index):
+    """(x as at least 1-d, the dim) for torch's scatter family (a 0-d tensor is one
+    element along dim 0)."""
+    if not x.type.static or not index.type.static:
+        raise Fallback("a scatter into a dynamic tensor")
+    if index.dtype not in ("i32", "i64"):
+        raise Fallback(f"scatter indices of dtype {index.dtype}")
+    d = norm_dim(dim, x.type.rank)
+    return (cx.reshape(x, (1,)) if x.type.rank == 0 else x), d
+
+
+def _scatter_src(cx: Ctx, x, d: int, index, src):
+    """(index, updates) for torch.scatter's family: index names positions along d, src
+    read at index's own positions (torch takes only that corner of a larger src)."""
+    rank = x.type.rank
+    index = cx.reshape(index, (1,) * rank) if index.type.rank == 0 else index
+    if index.type.rank != rank or any(
+            i > n for a, (i, n) in enumerate(zip(index.shape, x.shape)) if a != d):
+        raise Fallback(f"scatter indices {index.shape} for {x.shape} along {d}")
+    if isinstance(src, Value):
+        src = cx.reshape(src, (1,) * rank) if src.type.rank == 0 else src
+        if src.type.rank != rank or any(s < i for s, i in zip(src.shape, index.shape)):
+            raise Fallback(f"scatter source {src.shape} smaller than its indices {index.shape}")
+        if tuple(src.shape) != tuple(index.shape):
+            src = cx.op("slice", src, starts=(0,) * rank, steps=(1,) * rank,
+                        sizes=tuple(index.shape))
+        upd = cx.cast(src, x.dtype)
+    else:
+        upd = cx.op("broadcast", cx.tensor(src, x.dtype), shape=tuple(index.shape))
+    return index, upd
+
+
+def _known_positions(cx: Ctx, x, d: int, index, along, upd, red: str, include_self: bool):
+    """The scatter by scans.py's gathers where `index` is a constant (its entries laid out
+    as `along`, broadcast to the updates' shape), every entry in range (torch takes no
+    negative one) and the reduction one they do; else None."""
+    from importers.scans import scatter_elements_positions, scatter_nd_ir
+
+    if not index.is_const or red == "mean" or not include_self:
+        return None
+    idx = np.asarray(index.const_value, dtype=np.int64).reshape(along)
+    if (idx < 0).any():
+        return None
+    idx = np.broadcast_to(idx, tuple(upd.shape))
+    try:
+        positions = scatter_elements_positions(x.shape, idx, d)
+        return scatter_nd_ir(cx, x, upd, positions, red)
+    except ValueError:  # out of range (reported at run time) or many repeats
+        return None
+
+
+_SCATTER_REDUCE = {"add": "add", "multiply": "mul", "sum": "add", "prod": "mul",
+                   "amax": "max", "amin": "min", "mean": "mean"}
+
+
+def _scatter_into(cx: Ctx, x, dim, index, src, reduce=None, include_self=True):
+    """torch.scatter's family: the IR's scatter at positions along dim (no negative
+    index: torch raises), or scans.py's gathers where the index is a constant."""
+    from importers.scatter import elements_positions, flat_scatter, reduce_into
+
+    shape = tuple(x.shape)
+    x1, d = _along(cx, x, dim, index)
+    if index.type.size == 0:
+        return x
+    index1, upd = _scatter_src(cx, x1, d, index, src)
+    red = "none" if reduce is None else _SCATTER_REDUCE.get(reduce)
+    if red is None:
+        raise Fallback(f"scatter reduce={reduce!r}")
+    if red != "none" and x.dtype == "bool":
+        raise Fallback(f"scatter reducing bools ({reduce})")
+    along = tuple(index.shape) if index.type.rank else (1,) * x1.type.rank
+    known = _known_positions(cx, x1, d, index, along, upd, red, include_self)
+    if known is not None:
+        return cx.reshape(known, shape)
+    flat = elements_positions(cx, x1.shape, index1, d, negative=False)
+    try:
+        out = flat_scatter(cx, x1, flat, upd, red) if red == "none" else \
+            reduce_into(cx, x1, flat, upd, red, include_self)
+    except ValueError as e:
+        raise Fallback(f"scatter_reduce: {e}") from None
+    return cx.reshape(out, shape)
+
+
+@converts(aten.scatter.src, aten.scatter.value)
+def _scatter(cx: Ctx, x, dim, index, src):
+    """torch.scatter: src (or a number) written along dim where index says, in order (the
+    last write to a place wins: torch leaves repeats' order open, its CPU kernel is in
+    order too); the IR's scatter (importers/scatter.py)."""
+    return _scatter_into(cx, x, dim, index, src)
+
+
+@converts(aten.scatter.reduce, aten.scatter.value_reduce)
+def _scatter_reduce_old(cx: Ctx, x, dim, index, src, reduce):
+    return _scatter_into(cx, x, dim, index, src, reduce)
+
+
+@converts(aten.scatter_add.default)
+def _scatter_add(cx: Ctx, x, dim, index, src):
+    """GNN message passing's sum over edges: the IR's scatter with add, in index order."""
+    return _scatter_into(cx, x, dim, index, src, "sum")
+
+
+@converts(aten.scatter_reduce.two)
+def _scatter_reduce(cx: Ctx, x, dim, index, src, reduce, include_self=True):
+    """scatter_reduce: sum, prod, amax, amin (include_self=False: the identity written
+    first where an update lands), mean of floats (importers/scatter.py)."""
+    return _scatter_into(cx, x, dim, index, src, reduce, include_self)
+
+
+def _index_dim(cx: Ctx, x, dim, index, source, reduction: str, alpha=1,
+               include_self: bool = True):
+    """index_add, index_copy, index_fill and index_reduce: `source` written (or reduced)
+    over x's slices along dim that index names (no negative index: torch raises)."""
+    from importers.scatter import dim_positions, flat_scatter, reduce_into
+
+    if not x.type.static or not index.type.static or index.dtype not in ("i32", "i64"):
+        raise Fallback(f"{cx.target} of a dynamic tensor or non-integer index")
+    if x.dtype == "bool" and reduction != "none":
+        raise Fallback("index_add of bools")
+    shape = tuple(x.shape)
+    x1 = cx.reshape(x, (1,)) if x.type.rank == 0 else x
+    d = norm_dim(dim, x.type.rank)
+    if index.type.size == 0:
+        return x
+    space = x1.shape[:d] + (index.type.size,) + x1.shape[d + 1:]
+    if isinstance(source, Value):
+        upd = cx.cast(source, x.dtype)
+        upd = cx.reshape(upd, space) if upd.type.size == int(np.prod(space)) and \
+            upd.type.rank != len(space) else upd
+    else:
+        upd = cx.tensor(source, x.dtype)
+    if alpha != 1:
+        upd = cx.op("mul", upd, cx.tensor(alpha, x.dtype))
+    if tuple(upd.shape) != space:
+        upd = cx.op("broadcast", upd, shape=space)
+    along = [1] * len(space)
+    along[d] = index.type.size
+    known = _known_positions(cx, x1, d, index, tuple(along), upd, reduction, include_self)
+    if known is not None:
+        return cx.reshape(known, shape)
+    flat, _ = dim_positions(cx, x1.shape, d, index)
+    if reduction == "none":
+        return cx.reshape(flat_scatter(cx, x1, flat, upd, reduction), shape)
+    try:
+        return cx.reshape(reduce_into(cx, x1, flat, upd, reduction, include_self), shape)
+    except ValueError as e:
+        raise Fallback(f"{cx.target}: {e}") from None
+
+
+@converts(aten.index_add.default)
+def _index_add(cx: Ctx, x, dim, index, source, alpha=1):
+    return _index_dim(cx, x, dim, index, source, "add", alpha)
+
+
+@converts(aten.index_reduce.default)
+def _index_reduce(cx: Ctx, x, dim, index, source, reduce, include_self=True):
+    red = {"prod": "mul", "amax": "max", "amin": "min", "mean": "mean"}.get(reduce)
+    if red is None:
+        raise Fallback(f"index_reduce {reduce!r}")
+    return _index_dim(cx, x, dim, index, source, red, include_self=include_self)
+
+
+@converts(aten.index_copy.default)
+def _index_copy(cx: Ctx, x, dim, index, source):
+    return _index_dim(cx, x, dim, index, source, "none")
+
+
+@converts(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_fill(cx: Ctx, x, dim, index, value):
+    if isinstance(value, Value):
+        value = cx.reshape(value, ())
+    return _index_dim(cx, x, dim, index, value, "none")
+
+
+@converts(aten.put.default)
+def _put(cx: Ctx, x, index, source, accumulate=False):
+    """Tensor.put: source written (or added) at flat positions of x (negative ones count
+    from the end)."""
+    from importers.scans import checked_index
+    from importers.scatter import flat_scatter
+
+    if not x.type.static or not index.type.static or index.dtype not in ("i32", "i64"):
+        raise Fallback("put into a dynamic tensor or at non-integer indices")
+    if x.dtype == "bool" and accumulate:
+        raise Fallback("put accumulating into bools")
+    if index.type.size == 0:
+        return x
+    total = x.type.size
+    i, bad = checked_index(cx, index, total)
+    flat = cx.op("select", bad, cx.scalar(total, "i64"), i)
+    upd = cx.reshape(cx.cast(source, x.dtype), tuple(index.shape))
+    return flat_scatter(cx, x, flat, upd, "add" if accumulate else "none")
 
 
 @converts(aten.copy.default)

@@ -264,6 +264,21 @@ def _attention(em, n, ins, outs):
            outs)
 
 
+def _scatter(em, n, ins, outs):
+    """scatter as ScatterElements along the one axis of the flattened data (reduction:
+    opset 16 for add and mul, 18 for max and min; onnxruntime applies the updates in order)."""
+    data, indices = n.inputs[:2]
+    flat = [data.type.size]
+    d = em.add("Reshape", [ins[0], em.ints(flat, "shape")])
+    i = ins[1] if indices.dtype == "i64" else em.add("Cast", [ins[1]], to=TensorProto.INT64)
+    i = em.add("Reshape", [i, em.ints([-1], "shape")])
+    u = em.add("Reshape", [ins[2], em.ints([-1], "shape")])
+    red = n.attrs["reduction"]
+    attrs = {"reduction": red} if red != "none" else {}
+    y = em.add("ScatterElements", [d, i, u], axis=0, **attrs)
+    em.add("Reshape", [y, em.ints(list(data.shape), "shape")], outs)
+
+
 def _recurrence(em, n, ins, outs):
     """ONNX's LSTM/GRU/RNN (runtime/onnx_recurrence.py): on X with the projection
     absorbed where export_onnx found one, else on xw."""
@@ -311,7 +326,7 @@ _EXPORTERS = facets.attach("onnx_export", {
     "shl": _shift, "shr": _shift, "cast": _cast, "select": _select,
     **{op: _reduce for op in _REDUCE}, "argmax": _arg, "argmin": _arg,
     "reshape": _reshape, "transpose": _transpose, "broadcast": _broadcast, "slice": _slice,
-    "concat": _concat, "pad": _pad, "gather": _gather,
+    "concat": _concat, "pad": _pad, "gather": _gather, "scatter": _scatter,
     "matmul": _matmul, "attention": _attention, "recurrence": _recurrence, "conv": _conv,
     "max_pool": _max_pool, "avg_pool": _avg_pool,
 })
@@ -364,6 +379,8 @@ def _node_opset(n: Node) -> int:
         return 19
     if n.op == "avg_pool" and any(d != 1 for d in n.attrs["dilations"]):
         return 19
+    if n.op == "scatter" and n.attrs["reduction"] != "none":  # ScatterElements' reduction
+        return 18 if n.attrs["reduction"] in ("max", "min") else 16
     return MIN_OPSET
 
 

@@ -155,6 +155,24 @@ def _gather(node, data, idx):
     return out.reshape(data.shape[:axis] + idx.shape + data.shape[axis + 1:])
 
 
+_SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+
+
+def _scatter(node, data, idx, upd):
+    """The flat scatter on torch's CPU kernels, which apply the updates in order; a
+    position out of range is an IndexError, as from the compiled kernel."""
+    out = data.reshape(-1).clone()
+    flat, src = idx.reshape(-1).to(torch.int64), upd.reshape(-1).to(out.dtype)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= out.numel()):
+        raise IndexError(f"scatter position out of range [0, {out.numel()})")
+    red = node.attrs["reduction"]
+    if red == "none":
+        out.scatter_(0, flat, src)
+    else:
+        out.scatter_reduce_(0, flat, src, _SCATTER_REDUCE[red], include_self=True)
+    return out.reshape(data.shape)
+
+
 def _conv(node, x, w, b=None):
     a = node.attrs
     n = x.dim() - 2
@@ -225,6 +243,7 @@ _IR_OPS: dict[str, Callable] = facets.attach("torch_host", {
     "concat": lambda node, *xs: torch.cat(xs, dim=node.attrs["axis"]),
     "pad": _pad,
     "gather": _gather,
+    "scatter": _scatter,
     "matmul": lambda node, a, b: torch.matmul(a, b),
     "attention": lambda node, q, k, v, mask=None: _attention(node, q, k, v, mask),
     # the time loop by the op's numpy reference (a recurrence braze does not compile)

@@ -51,7 +51,7 @@ from compiler.codegen.ops_llvm import I32, I64, llvm_type, storage_type
 from compiler.codegen.symbols import declare
 from compiler.ir import Graph, Value
 from compiler.kernels import (attention, batched, choice, conv, gemm, grouped, inverted,
-                              recurrent, winograd)
+                              recurrent, scatter, winograd)
 from compiler.passes.fuse import Kernel
 from compiler.target import Target
 
@@ -179,6 +179,11 @@ class Renderer(RowKernels):
             self._attention(b, ptrs, k, lo, hi)
         elif impl == choice.RECURRENCE:
             self._recurrence(b, bufs, ptrs, k, lo, hi)
+        elif impl == choice.SCATTER:  # its operands read through the emitter
+            shape, others = choice.shape(node, k.impl), without(ptrs, root)
+            counted_loop(b, lo, hi, lambda b, o: scatter.emit_item(
+                b, shape, o, node, ptrs[root], lambda b: self._emitter(b, others),
+                self._faults))
         elif impl == choice.ROW_MATMUL:
             counted_loop(b, lo, hi, lambda b, o: self._matmul_row(b, ptrs, k, o))
         elif k.kind == "row" and by_columns(k):

@@ -58,6 +58,9 @@ _LIBRARY = ("library-class op {op}: not compiled by braze for CUDA (cuDNN throug
 def refusal(node: Node) -> str | None:
     """Why the CUDA target does not compile `node` beyond what it shares with the CPU's
     (codegen.supports asks this first), or None."""
+    if node.op == "scatter":
+        return ("scatter at run-time positions: no CUDA kernel yet (the CPU's applies the "
+                "updates in order, kernels/scatter.py); runs on the host framework")
     if node.opdef.family in (Family.CONTRACTION, Family.POOL) and node.op != "matmul":
         return _LIBRARY.format(op=node.op)
     for v in node.inputs:

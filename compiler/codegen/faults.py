@@ -1,5 +1,5 @@
-"""Run-time faults of compiled code: out-of-range gather indices, integer division by 0,
-recurrence sequence lengths outside [0, T].
+"""Run-time faults of compiled code: out-of-range gather indices and scatter positions,
+integer division by 0, recurrence sequence lengths outside [0, T].
 
 onnxruntime and torch raise on these; braze's kernels must neither trap nor read out
 of bounds, so the generated code keeps going on a safe value (a clamped index, a
@@ -20,7 +20,7 @@ from compiler.errors import BrazeIndexError, DivisionByZeroError, InputError
 from compiler.ir import Graph, Node
 
 FAULTS = "faults"  # slot-table key of the cluster's fault word (an int32)
-INDEX = 1  # a gather index outside [-n, n)
+INDEX = 1  # a gather index outside [-n, n), a scatter position outside [0, size)
 ZERO_DIVISOR = 2  # an integer div / mod by zero
 LENGTH = 4  # a recurrence's sequence length outside [0, T] (onnxruntime refuses those)
 
@@ -32,6 +32,8 @@ def code_of(node: Node) -> int:
     """The fault `node` may raise at run time (0 if none)."""
     if node.op == "gather":
         return 0 if _constant_in_range(node) else INDEX
+    if node.op == "scatter":  # a flat position outside [0, size) is not written
+        return 0 if _constant_positions_in_range(node) else INDEX
     if node.op == "recurrence":  # run-time lengths (graph inputs) are checked
         return 0 if node.inputs[3].is_const else LENGTH
     if node.op in INT_DIVIDES and node.outputs[0].dtype not in dtypes.FLOATS:
@@ -52,6 +54,16 @@ def _constant_in_range(node: Node) -> bool:
     size = node.inputs[0].shape[node.attrs["axis"]]
     values = indices.const_value
     return values.size == 0 or bool((values >= -size).all() and (values < size).all())
+
+
+def _constant_positions_in_range(node: Node) -> bool:
+    """Whether a scatter's flat positions are a constant, each inside its data."""
+    indices = node.inputs[1]
+    if not indices.is_const:
+        return False
+    values = indices.const_value
+    return values.size == 0 or bool((values >= 0).all() and
+                                    (values < node.inputs[0].type.size).all())
 
 
 def sites(graph: Graph) -> list[Node]:
@@ -97,6 +109,8 @@ def _names(graph: Graph, code: int) -> str:
 
 
 def _describe(node: Node) -> str:
+    if node.op == "scatter":
+        return f"{node.describe()} (data of {node.inputs[0].type.size} elements)"
     if node.op != "gather":
         return node.describe()
     return f"{node.describe()} (axis of size {node.inputs[0].shape[node.attrs['axis']]})"

@@ -67,6 +67,9 @@ def extent(k: Kernel) -> tuple[int, str | None]:
         if shape.split:
             return shape.outer, TEAM
         outer, work = shape.outer, shape.macs
+    elif impl == choice.SCATTER:  # kernels/scatter.py: runs of rows, each walking the updates
+        shape = choice.shape(node, k.impl)
+        outer, work = shape.items, shape.total
     elif impl in (choice.ATTENTION, choice.GROUPED, choice.WINOGRAD, choice.DIRECT_CONV):
         shape = choice.shape(node, k.impl)
         outer, work = shape.items, shape.macs
@@ -225,8 +228,9 @@ def signature(k: Kernel, local: dict) -> tuple | None:
     neither a buffer, nor computed in the kernel, nor a small constant. A buffer's type is
     part of its name: two matmuls with equal outputs but different depths (a stack of
     Linear layers whose weights are inputs), or an add broadcasting one operand, read
-    their inputs at other strides and are not twins."""
-    ids = {v: ("buf", i, str(v.type) if isinstance(v, Value) else None)
+    their inputs at other strides and are not twins. Whether a buffer holds a constant is
+    part of it too (the emitter marks loads of constants `!invariant.load`)."""
+    ids = {v: ("buf", i, (str(v.type), v.is_const) if isinstance(v, Value) else None)
            for v, i in local.items()}
     parts: list = [k.kind, k.domain, k.axes]
     for n in k.nodes:

@@ -10,7 +10,7 @@ CPU rules, in order: a matmul with nothing to sum (K = 0) is zeros; one with a c
 packed GEMM (gemm.refusal), a float32 one with run-time operands on the same
 micro-kernel with B packed at run time (batched.refusal), any other on the row kernel;
 attention on its fused kernel; a recurrence (LSTM/GRU/RNN) on its own
-(recurrent.py); a conv with group > 1
+(recurrent.py); a scatter on its own (scatter.py); a conv with group > 1
 (depthwise included) runs on the grouped direct kernel (grouped.refusal), any other on
 Winograd F(m x m, 3 x 3) where winograd.refusal accepts it (m from
 winograd.tile_size), else on the direct implicit GEMM (conv.py). CUDA: a matmul runs
@@ -25,12 +25,14 @@ from dataclasses import dataclass
 
 from compiler import target as targets
 from compiler.ir import Node
-from compiler.kernels import attention, batched, conv, gemm, grouped, recurrent, winograd
+from compiler.kernels import (attention, batched, conv, gemm, grouped, recurrent, scatter,
+                              winograd)
 
 GEMM = "gemm"  # packed register-blocked GEMM (gemm.py)
 BATCHED = "batched_gemm"  # run-time operands, B packed per call and thread (batched.py)
 ATTENTION = "attention"  # fused attention, one query block at a time (attention.py)
 RECURRENCE = "recurrence"  # an LSTM/GRU/RNN time loop in one kernel (recurrent.py)
+SCATTER = "scatter"  # copy, then the updates at run-time positions in order (scatter.py)
 ROW_MATMUL = "row_matmul"  # one output row per work item, vectorized over columns (cpu.py)
 GROUPED = "grouped"  # direct channels-last conv with group > 1, depthwise too (grouped.py)
 WINOGRAD = "winograd"  # Winograd F(m x m, 3 x 3) (winograd.py)
@@ -92,6 +94,10 @@ def choose(node: Node, target=targets.HOST) -> Impl:
         return Impl(RECURRENCE, "the time loop in one kernel: per step h x R^T on R^T's "
                     "panels (packed at compile time when constant), then the gate math",
                     tile=tile)
+    if node.op == "scatter":
+        items = scatter.ScatterShape.of(node).items
+        return Impl(SCATTER, f"data copied, then the updates in order; {items} item(s), "
+                    "each owning a run of rows", tile=tile)
     if node.op == "conv" and grouped.refusal(node) is None:
         return Impl(GROUPED, "group > 1: direct channels-last kernel vectorized over output "
                     "channels", tile=tile)
@@ -118,6 +124,8 @@ def shape(node: Node, impl: Impl):
         return attention.AttentionShape.of(node, impl.tile)
     if impl.name == RECURRENCE:
         return recurrent.RecurrenceShape.of(node, impl.tile)
+    if impl.name == SCATTER:
+        return scatter.ScatterShape.of(node)
     if impl.name == WINOGRAD:
         return dataclasses.replace(winograd.WinogradShape.of(node, impl.tile), m=impl.m)
     if impl.name == DIRECT_CONV:

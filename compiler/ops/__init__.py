@@ -8,7 +8,8 @@ lowers these ops. Families (tinygrad's GroupOp, XLA's opcode categories):
   ELEMENTWISE  numpy-broadcasting unary/binary/ternary maps, compare, select, cast
   REDUCTION    reduce_* over a set of axes, argmax/argmin
   MOVEMENT     reshape, transpose, broadcast, slice, concat, pad, gather
-  CONTRACTION  matmul, conv                ("library-class": own kernels)
+  CONTRACTION  matmul, conv                ("library-class": own kernels; also attention,
+               recurrence and scatter)
   POOL         max_pool, avg_pool          ("library-class")
   CONST        const
   HOST         host: an opaque framework op run by the host framework
@@ -134,3 +135,4 @@ def ops_in(family: Family) -> list[str]:
 
 # The op definitions register themselves; import order is irrelevant.
 from compiler.ops import elementwise, reduction, movement, contraction, misc, recurrence  # noqa: E402,F401,E501
+from compiler.ops import scatter  # noqa: E402,F401

@@ -187,9 +187,9 @@ def plan(graph: Graph, target="cpu", fold_operands: bool | None = None) -> Fusio
     claimed: set[Node] = set()  # epilogue nodes, each applied by one contraction's kernel
     for at, n in enumerate(graph.nodes):
         if n.opdef.family is Family.CONTRACTION:
-            # attention's and recurrence's kernels (kernels/attention.py, recurrent.py)
-            # write their result and nothing more
-            chain = [] if n.op in ("attention", "recurrence") else \
+            # attention's, recurrence's and scatter's kernels (kernels/attention.py,
+            # recurrent.py, scatter.py) write their result and nothing more
+            chain = [] if n.op in ("attention", "recurrence", "scatter") else \
                 _epilogue(n, at, users, graph, claimed)
             claimed.update(chain)
             if chain:
@@ -237,11 +237,15 @@ def _expand_kernel(root: Value, k: Kernel, target) -> Kernel:
 def _folds(node: Node, u: Value, target) -> bool:
     """Whether contraction `node` reads its operand `u` (a movement op's result) through
     the emitter while packing it, so that `u` needs no buffer: the batched GEMM's B
-    (kernels/batched.py), every operand of attention (kernels/attention.py). Which kernel
+    (kernels/batched.py), every operand of attention (kernels/attention.py), every
+    operand of scatter made by movement or elementwise ops (kernels/scatter.py). Which kernel
     runs `node` is choice.choose's to say (the same answer the plan records)."""
     impl = choose(node, target).name
     if impl == choice.ATTENTION:
         return u.producer is not None and u.producer.opdef.family is Family.MOVEMENT
+    if impl == choice.SCATTER:  # each element read once (an index once per item)
+        return u.producer is not None and u.producer.opdef.family in (Family.MOVEMENT,
+                                                                       Family.ELEMENTWISE)
     return impl == choice.BATCHED and batched.folds_operand(node, u)
 
 

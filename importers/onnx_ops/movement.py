@@ -1,5 +1,5 @@
 """Data movement: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split,
-Slice, Pad, Gather, Expand, Tile, DepthToSpace, SpaceToDepth.
+Slice, Pad, Gather, Expand, Tile, DepthToSpace, SpaceToDepth, GatherND.
 
 Every shape-like input (Reshape's shape, Slice's starts, Pad's pads, ...) must
 be a constant after folding; the IR ops take them as static attributes.
@@ -14,7 +14,7 @@ import numpy as np
 
 from compiler.errors import InvalidModelError
 from importers.onnx_ops import Fallback, converter
-from importers.onnx_ops.context import NodeContext
+from importers.onnx_ops.context import NodeContext, const_array
 
 
 def _prod(xs) -> int:
@@ -312,59 +312,178 @@ def convert_gather_elements(cx: NodeContext):
     return [take_along_axis_ir(cx, data, idx, axis)]
 
 
+@converter("GatherND", 11)
+def convert_gather_nd(cx: NodeContext):
+    """Each index tuple (indices' last dim, k long; batch_dims b from schema version 12)
+    picks a slice data[batch..., i0, .., ik-1, ...]: one gather of the rows of data
+    viewed as (rows, the elements of one slice), at the flat row
+      batch * prod(data.shape[b:b+k]) + sum_j i_j * prod(data.shape[b+j+1:b+k])
+    computed at run time. An index in [-n, 0) counts from the end; one outside [-n, n)
+    makes its row `rows` (out of range, and the sum too), so the gather raises braze's
+    IndexError where onnxruntime reports the index, never reading out of bounds. Constant
+    indices out of range stay on onnxruntime, which reports them when the node runs."""
+    data, indices = cx.inputs
+    if not data.type.static or not indices.type.static:
+        raise Fallback("GatherND needs static shapes")
+    b = int(cx.attr("batch_dims", 0))
+    r, q = data.type.rank, indices.type.rank
+    k = indices.shape[-1] if q else 0
+    if q < 1 or not 0 <= b < min(r, q) or not 1 <= k <= r - b \
+            or indices.shape[:b] != data.shape[:b]:
+        raise InvalidModelError(f"{cx.describe}: indices {indices.shape} with batch_dims "
+                                f"{b} for data {data.shape}")
+    if indices.dtype not in ("i32", "i64"):
+        raise InvalidModelError(f"{cx.describe}: indices of dtype {indices.dtype}")
+    out_shape = indices.shape[:-1] + data.shape[b + k:]
+    if _prod(out_shape) == 0:
+        from compiler import dtypes
+
+        return [cx.const(np.zeros(out_shape, dtypes.to_numpy(data.dtype)))]
+    dims = data.shape[b:b + k]
+    known = const_array(indices)
+    if known is not None and (np.any(known < -np.array(dims)) or np.any(known >= dims)):
+        raise Fallback("GatherND index out of range")  # onnxruntime reports it when run
+    per_batch = _prod(dims)
+    rows = _prod(data.shape[:b]) * per_batch
+    n = cx.const(np.array(dims, np.int64))  # along indices' last dim
+    i = cx.cast(indices, "i64")
+    i = cx.op("select", cx.op("lt", i, cx.scalar(0, "i64")), cx.op("add", i, n), i)
+    bad = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")), cx.op("ge", i, n))
+    i = cx.op("select", bad, cx.scalar(rows, "i64"), i)
+    strides = np.cumprod((dims[1:] + (1,))[::-1])[::-1].astype(np.int64)
+    flat = cx.reduce("sum", cx.op("mul", i, cx.const(strides)), [q - 1], keepdims=False)
+    if b:
+        batch = np.arange(_prod(data.shape[:b]), dtype=np.int64) * per_batch
+        flat = cx.op("add", flat, cx.const(batch.reshape(data.shape[:b] + (1,) * (q - 1 - b))))
+    table = cx.reshape(data, (rows, _prod(data.shape[b + k:])))
+    return [cx.reshape(cx.op("gather", table, flat, axis=0), out_shape)]
+
+
 @converter("ScatterND", 11)
 def convert_scatter_nd(cx: NodeContext):
     """Constant indices: a gather of data and updates (importers/scans.py); reduction
-    (16: add, mul; 18: max, min) gathers each write to a position in turn."""
+    (16: add, mul; 18: max, min) gathers each write to a position in turn. Indices known
+    only at run time (a KV cache's position), or constants those gathers cannot take (an
+    index out of range, many writes to one place): the IR's scatter at flat positions
+    computed from them (importers/scatter.py)."""
     from importers.scans import scatter_nd_ir, scatter_positions
+    from importers.scatter import flat_scatter, nd_positions
 
     data, indices, updates = cx.inputs
-    idx = cx.const_input(1, "indices")
-    if not data.type.static or not updates.type.static:
+    if not data.type.static or not updates.type.static or not indices.type.static:
         raise Fallback("ScatterND needs static shapes")
-    k = idx.shape[-1] if idx.ndim else 0
-    if idx.ndim == 0 or k > data.type.rank:
-        raise InvalidModelError(f"{cx.describe}: indices of shape {idx.shape} for data "
+    ishape = tuple(indices.shape)
+    k = ishape[-1] if ishape else 0
+    if not ishape or k > data.type.rank:
+        raise InvalidModelError(f"{cx.describe}: indices of shape {ishape} for data "
                                 f"of rank {data.type.rank}")
-    want = tuple(idx.shape[:-1]) + tuple(data.shape[k:])
+    want = ishape[:-1] + tuple(data.shape[k:])
     if tuple(updates.shape) != want:
         raise InvalidModelError(f"{cx.describe}: updates of shape {updates.shape}, "
                                 f"expected {want}")
+    reduction = _scatter_reduction(cx)
+    idx = const_array(indices)
+    if idx is not None:
+        try:
+            positions = scatter_positions(data.shape, idx)
+            return [scatter_nd_ir(cx, data, updates, positions, reduction)]
+        except ValueError:  # out of range (reported at run time) or many repeats
+            pass
+    return [flat_scatter(cx, data, nd_positions(cx, data.shape, indices), updates, reduction)]
+
+
+def _scatter_reduction(cx: NodeContext) -> str:
     reduction = cx.attr("reduction", "none")
     if reduction not in ("none", "add", "mul", "max", "min"):
         raise InvalidModelError(f"{cx.describe}: unknown reduction {reduction!r}")
-    try:
-        positions = scatter_positions(data.shape, idx)
-        return [scatter_nd_ir(cx, data, updates, positions, reduction)]
-    except ValueError as e:  # onnxruntime reports it when the node runs
-        raise Fallback(f"ScatterND: {e}") from None
+    return reduction
 
 
 @converter("ScatterElements", 11)
 def convert_scatter_elements(cx: NodeContext):
     """Constant indices: ScatterND's gathers at the positions the indices name along
-    `axis` (importers/scans.py)."""
+    `axis` (importers/scans.py); others: the IR's scatter (importers/scatter.py)."""
+    return [_scatter_elements(cx, _scatter_reduction(cx))]
+
+
+@converter("Scatter", 9, 10)
+def convert_scatter(cx: NodeContext):
+    """The old name of ScatterElements (no reduction)."""
+    return [_scatter_elements(cx, "none")]
+
+
+def _scatter_elements(cx: NodeContext, reduction: str):
     from importers.scans import scatter_elements_positions, scatter_nd_ir
+    from importers.scatter import elements_positions, flat_scatter
 
     data, indices, updates = cx.inputs
-    idx = cx.const_input(1, "indices")
-    if not data.type.static or not updates.type.static:
-        raise Fallback("ScatterElements needs static shapes")
+    if not data.type.static or not updates.type.static or not indices.type.static:
+        raise Fallback(f"{cx.node.op_type} needs static shapes")
     rank = data.type.rank
-    if idx.ndim != rank or tuple(updates.shape) != idx.shape or rank == 0:
-        raise InvalidModelError(f"{cx.describe}: indices {idx.shape} and updates "
+    ishape = tuple(indices.shape)
+    if len(ishape) != rank or tuple(updates.shape) != ishape or rank == 0:
+        raise InvalidModelError(f"{cx.describe}: indices {ishape} and updates "
                                 f"{updates.shape} for data {data.shape}")
     axis = cx.axis(cx.attr("axis", 0), rank)
-    if any(i > d for a, (i, d) in enumerate(zip(idx.shape, data.shape)) if a != axis):
-        raise InvalidModelError(f"{cx.describe}: indices {idx.shape} exceed data {data.shape}")
-    reduction = cx.attr("reduction", "none")
-    if reduction not in ("none", "add", "mul", "max", "min"):
-        raise InvalidModelError(f"{cx.describe}: unknown reduction {reduction!r}")
-    try:
-        positions = scatter_elements_positions(data.shape, idx, axis)
-        return [scatter_nd_ir(cx, data, updates, positions, reduction)]
-    except ValueError as e:  # onnxruntime reports it when the node runs
-        raise Fallback(f"ScatterElements: {e}") from None
+    if any(i > d for a, (i, d) in enumerate(zip(ishape, data.shape)) if a != axis):
+        raise InvalidModelError(f"{cx.describe}: indices {ishape} exceed data {data.shape}")
+    idx = const_array(indices)
+    if idx is not None:
+        try:
+            positions = scatter_elements_positions(data.shape, idx, axis)
+            return scatter_nd_ir(cx, data, updates, positions, reduction)
+        except ValueError:  # out of range (reported at run time) or many repeats
+            pass
+    return flat_scatter(cx, data, elements_positions(cx, data.shape, indices, axis),
+                        updates, reduction)
+
+
+@converter("TensorScatter", 24)
+def convert_tensor_scatter(cx: NodeContext):
+    """A KV cache's update: the update written along `axis` from each batch row's write
+    index on (modulo the cache's length in "circular" mode); no write indices: from 0,
+    positions known now (importers/scans.py's gather)."""
+    from importers.scans import scatter_nd_ir
+    from importers.scatter import flat_scatter, strides
+
+    cache, update = cx.inputs[:2]
+    write = cx.input(2)
+    if not cache.type.static or not update.type.static:
+        raise Fallback("TensorScatter needs static shapes")
+    rank = cache.type.rank
+    axis = cx.axis(cx.attr("axis", -2), rank)
+    mode = cx.attr("mode", "linear")
+    if rank < 2 or axis == 0 or mode not in ("linear", "circular") or any(
+            u != c for d, (u, c) in enumerate(zip(update.shape, cache.shape)) if d != axis) \
+            or update.type.rank != rank or update.shape[axis] > cache.shape[axis]:
+        raise InvalidModelError(f"{cx.describe}: update {update.shape} for cache "
+                                f"{cache.shape} along axis {axis} ({mode})")
+    n, seq = cache.shape[axis], update.shape[axis]
+    st = strides(cache.shape)
+    grid = np.indices(tuple(update.shape), dtype=np.int64)
+    base = sum((grid[d] * st[d] for d in range(rank) if d != axis),
+               np.zeros(tuple(update.shape), np.int64))
+    along = [1] * rank
+    along[axis] = seq
+    step = np.arange(seq, dtype=np.int64).reshape(along)
+    if write is None or const_array(write) is not None:
+        w = np.zeros(cache.shape[0], np.int64) if write is None else \
+            const_array(write).astype(np.int64).reshape(-1)
+        pos = w.reshape((-1,) + (1,) * (rank - 1)) + step
+        if mode == "circular":
+            pos = pos % n
+        if ((pos >= 0) & (pos < n)).all():
+            return [scatter_nd_ir(cx, cache, update, base + pos * st[axis])]
+    w = cx.const(np.zeros(cache.shape[0], np.int64)) if write is None else \
+        cx.cast(write, "i64")
+    pos = cx.op("add", cx.reshape(w, (cache.shape[0],) + (1,) * (rank - 1)), cx.const(step))
+    if mode == "circular":
+        pos = cx.op("mod", pos, cx.scalar(n, "i64"))
+    bad = cx.op("or", cx.op("lt", pos, cx.scalar(0, "i64")),
+                cx.op("ge", pos, cx.scalar(n, "i64")))
+    flat = cx.op("add", cx.op("mul", pos, cx.scalar(int(st[axis]), "i64")), cx.const(base))
+    flat = cx.op("select", bad, cx.scalar(cache.type.size, "i64"), flat)
+    return [flat_scatter(cx, cache, flat, update)]
 
 
 @converter("CumSum", 11)

@@ -86,21 +86,24 @@ def test_onnxruntime_failure_at_call_time_names_the_node(case, bad, good, shape,
 # -- torch host steps --------------------------------------------------------------
 
 
-def _index_copy(t, i):
-    """aten.index_copy: a host node; torch raises IndexError for an index out of range."""
-    return torch.zeros(6, 3).index_copy(0, i[:, 0], t[:2] * 2) + 1
+def _embedding_renorm(t, i):
+    """aten.embedding_renorm (F.embedding's max_norm): a host node; torch raises
+    IndexError for an index out of range. (index_copy served here until braze compiled
+    scatters at run-time positions.)"""
+    return torch.nn.functional.embedding(i, t, max_norm=1.0) + 1
 
 
-def _scatter_add(t, i):
-    """aten.scatter_add: a host node; torch raises RuntimeError for an index out of range.
-    (aten.gather served here until braze compiled it: its out-of-range index is then
-    braze's BrazeIndexError, tests/bridge/test_torch_backend.py.)"""
-    return torch.zeros(10, 3).scatter_add(0, i, t[:2] * 2) + 1
+def _embedding_bag(t, i):
+    """aten.embedding_bag: a host node; torch raises RuntimeError for an index out of
+    range. (aten.gather, then scatter_add served here until braze compiled them: their
+    out-of-range index is then braze's BrazeIndexError, tests/bridge/test_torch_backend.py,
+    tests/importers/test_runtime_scatter.py.)"""
+    return torch.nn.functional.embedding_bag(i, t * 2) + 1
 
 
 @pytest.mark.parametrize("fn,torch_class,op", [
-    (_index_copy, IndexError, "aten.index_put.default"),  # what index_copy decomposes to
-    (_scatter_add, RuntimeError, "aten.scatter_add.default")])
+    (_embedding_renorm, IndexError, "aten.embedding_renorm.default"),
+    (_embedding_bag, RuntimeError, "aten._embedding_bag_forward_only.default")])
 def test_torch_host_op_failure_keeps_torch_class_and_names_the_node(fn, torch_class, op):
     torch._dynamo.reset()
     t = torch.randn(6, 3)

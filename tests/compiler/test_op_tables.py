@@ -76,7 +76,8 @@ def test_every_other_op_has_a_handler_or_a_kernel():
     data; host runs on the host framework."""
     for op in ops_in(Family.MOVEMENT):
         assert hasattr(ElementEmitter, "_" + op), op
-    assert set(ops_in(Family.CONTRACTION)) == {"matmul", "conv", "attention", "recurrence"}
+    assert set(ops_in(Family.CONTRACTION)) == {"matmul", "conv", "attention", "recurrence",
+                                               "scatter"}
     assert set(ops_in(Family.POOL)) == {"max_pool", "avg_pool"}
 
 
