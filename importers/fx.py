@@ -28,6 +28,7 @@ from compiler.errors import CompileError
 from compiler.ir import Graph, IRError, TensorType, Value
 from importers import (  # noqa: F401  (fill the table)
     fx_elementwise, fx_movement, fx_nn, fx_resize, fx_rnn, fx_transformer)
+from importers import fx_selection  # noqa: F401  (fill the table: topk, sort, kthvalue)
 from importers.fx_context import CONVERTERS, SEEDED_CHECKED, Ctx, Fallback, tensor_type
 
 log = logging.getLogger("braze")

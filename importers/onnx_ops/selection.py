@@ -1,17 +1,13 @@
 """Selection by position: TopK, Hardmax, OneHot, over IR argmax/argmin, compares with
 a constant iota (0..n-1 along one axis) and select.
 
-TopK takes k rounds of argmax (argmin for the smallest) along the axis, each round
-masking the position it chose with the dtype's lowest value (highest for argmin);
-the indices are concatenated and the values gathered at them once. The order is
-onnxruntime's: by value, then the lower index first; NaN ranks above everything
-(the first of the largest, the last of the smallest). The mask value can tie with a
-real element: once all that remain equal it (the round's max, or min, is the mask
-value) the round picks the first position not yet taken instead, by an argmax over a
-u8 "rest" array (0 taken, 1 a NaN of the smallest, 2 otherwise). That is O(k * n)
-work and O(k) IR ops, fine for the small k of detection post-processing, MoE
-routing and beam search; a larger k stays on the host. `sorted=0` leaves the
-order open: it comes sorted too.
+TopK takes k rounds of argmax (argmin for the smallest) along the axis, masking each
+position chosen (importers/selection.py, shared with the torch importer); the values
+are gathered at the indices once. The order is onnxruntime's: by value, then the
+lower index first; NaN ranks above everything (the first of the largest, the last of
+the smallest). O(k * n) work and O(k) IR ops, fine for the small k of detection
+post-processing, MoE routing and beam search; a larger k stays on the host.
+`sorted=0` leaves the order open: it comes sorted too.
 
 Hardmax and OneHot are an iota compared with an index (the argmax, or the
 indices input) broadcast across the new or reduced axis.
@@ -26,50 +22,7 @@ from compiler.errors import InvalidModelError
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 from importers.scans import take_along_axis_ir
-
-# The most TopK rounds braze unrolls (each round a few passes over the axis).
-TOPK_MAX_K = 64
-
-
-def _iota(cx: NodeContext, n: int, axis: int, rank: int):
-    """0..n-1 (i64) laid along `axis` of a rank-`rank` shape of ones."""
-    shape = [1] * rank
-    shape[axis] = n
-    return cx.const(np.arange(n, dtype=np.int64).reshape(shape))
-
-
-def _extreme(dtype: str, low: bool):
-    """The lowest (or highest) value of an IR dtype: what a taken position becomes."""
-    if dtype in dtypes.FLOATS:
-        return -np.inf if low else np.inf
-    info = np.iinfo(dtypes.to_numpy(dtype))
-    return info.min if low else info.max
-
-
-def _top_indices(cx: NodeContext, x, axis: int, k: int, largest: bool):
-    """The indices (i64, k along `axis`) of x's k largest or smallest (module doc)."""
-    arg, reduce = ("argmax", "max") if largest else ("argmin", "min")
-    bound = cx.scalar(_extreme(x.dtype, low=largest), x.dtype)
-    iota = _iota(cx, x.shape[axis], axis, x.type.rank)
-    m, rest, masked = x, cx.scalar(2, "u8"), False
-    if not largest and x.dtype in dtypes.FLOATS:  # argmin would take a NaN first
-        nan = cx.op("isnan", x)
-        m = cx.op("select", nan, bound, x)
-        rest = cx.op("select", nan, cx.scalar(1, "u8"), rest)
-        masked = True
-    picks = []
-    for r in range(k):
-        i = cx.op(arg, m, axis=axis, keepdims=True)
-        if masked:
-            spent = cx.op("eq", cx.reduce(reduce, m, [axis]), bound)
-            i = cx.op("select", spent, cx.op("argmax", rest, axis=axis, keepdims=True), i)
-        picks.append(i)
-        if r + 1 < k:
-            hit = cx.op("eq", iota, i)
-            m = cx.op("select", hit, bound, m)
-            rest = cx.op("select", hit, cx.scalar(0, "u8"), rest)
-            masked = True
-    return picks[0] if k == 1 else cx.op("concat", *picks, axis=axis)
+from importers.selection import TOPK_MAX_K, iota, top_indices
 
 
 def _k(cx: NodeContext) -> int:
@@ -100,7 +53,7 @@ def convert_topk(cx: NodeContext):
     if int(np.prod(out_shape)) == 0:
         return [cx.const(np.zeros(out_shape, dtypes.to_numpy(x.dtype))),
                 cx.const(np.zeros(out_shape, np.int64))]
-    idx = _top_indices(cx, x, axis, k, bool(cx.attr("largest", 1)))
+    idx = top_indices(cx, x, axis, k, bool(cx.attr("largest", 1)))
     return [take_along_axis_ir(cx, x, idx, axis), idx]
 
 
@@ -108,7 +61,7 @@ def _hardmax(cx: NodeContext, x, axis: int):
     """1 at the first maximum along `axis`, 0 elsewhere (a NaN counts as the maximum,
     as in numpy and ONNX's reference; onnxruntime's result for NaN differs)."""
     idx = cx.op("argmax", x, axis=axis, keepdims=True)
-    hit = cx.op("eq", _iota(cx, x.shape[axis], axis, x.type.rank), idx)
+    hit = cx.op("eq", iota(cx, x.shape[axis], axis, x.type.rank), idx)
     return cx.cast(hit, x.dtype)
 
 
@@ -152,7 +105,7 @@ def convert_onehot(cx: NodeContext):
               cx.op("add", i, cx.scalar(d, "i64")), i)
     shape = list(indices.shape)
     shape.insert(axis, 1)
-    hit = cx.op("eq", _iota(cx, d, axis, rank), cx.reshape(i, shape))
+    hit = cx.op("eq", iota(cx, d, axis, rank), cx.reshape(i, shape))
     flat = cx.reshape(values, (2,))
     off, on = (cx.op("gather", flat, cx.scalar(j, "i64"), axis=0) for j in (0, 1))
     return [cx.op("select", hit, on, off)]
