@@ -81,12 +81,26 @@ def _depth_to_space(cx, x, w: np.ndarray, b, group: int):
 def _zero_inserted(cx, x, w: np.ndarray, b, strides, pads, dilations, output_padding,
                    group: int):
     n = x.type.rank - 2
-    k = w.shape[2:]
+    x, conv_pads = spread_input(cx, x, w.shape[2:], strides, pads, dilations, output_padding)
+    flipped = _grouped_swap(w, group)[(slice(None), slice(None)) + (slice(None, None, -1),) * n]
+    inputs = [x, cx.const(np.ascontiguousarray(flipped))]
+    if b is not None:
+        inputs.append(cx.const(np.asarray(b)))
+    return cx.op("conv", *inputs, strides=(1,) * n, pads=conv_pads,
+                 dilations=tuple(dilations), group=group)
+
+
+def spread_input(cx, x, kernel, strides, pads, dilations, output_padding):
+    """(x spread with stride - 1 zeros between its elements, cropped where a pad is wider
+    than the kernel's reach; the stride-1 conv's own pads over it, begins then ends):
+    the transposed conv is that conv with the kernel flipped. The conv's kernel reads
+    its pads, nothing is copied for them."""
+    n = x.type.rank - 2
     for axis in range(n):
         x = _spread(cx, x, 2 + axis, strides[axis])
     begin, end = [], []
     for i in range(n):
-        reach = dilations[i] * (k[i] - 1)
+        reach = dilations[i] * (kernel[i] - 1)
         begin.append(reach - pads[i])
         end.append(reach - pads[n + i] + output_padding[i])
     if any(v < 0 for v in begin + end):  # a pad wider than the kernel's reach: a crop
@@ -96,14 +110,7 @@ def _zero_inserted(cx, x, w: np.ndarray, b, strides, pads, dilations, output_pad
         if any(sz <= 0 for sz in sizes):
             raise NotLowered("the padding crops away the whole output")
         x = cx.op("slice", x, starts=tuple(starts), steps=(1,) * (n + 2), sizes=tuple(sizes))
-    flipped = _grouped_swap(w, group)[(slice(None), slice(None)) + (slice(None, None, -1),) * n]
-    inputs = [x, cx.const(np.ascontiguousarray(flipped))]
-    if b is not None:
-        inputs.append(cx.const(np.asarray(b)))
-    # the rest of the padding is the conv's own (its kernel reads it, nothing is copied)
-    conv_pads = tuple(max(v, 0) for v in begin) + tuple(max(v, 0) for v in end)
-    return cx.op("conv", *inputs, strides=(1,) * n, pads=conv_pads,
-                 dilations=tuple(dilations), group=group)
+    return x, tuple(max(v, 0) for v in begin) + tuple(max(v, 0) for v in end)
 
 
 def _spread(cx, x, axis: int, s: int):

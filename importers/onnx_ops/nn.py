@@ -336,7 +336,7 @@ def _runtime_conv_transpose(cx: NodeContext, x, w, b, strides, pads, dilations,
                             output_padding, group: int):
     """ConvTranspose with a run-time weight W [C, M/G, K...] (importers/transposed.py's
     equivalent direct conv, or its depth-to-space when windows do not overlap)."""
-    from importers.transposed import _spread
+    from importers.transposed import NotLowered, spread_input
 
     _runtime_checks(x, w, b)
     n = x.type.rank - 2
@@ -352,21 +352,10 @@ def _runtime_conv_transpose(cx: NodeContext, x, w, b, strides, pads, dilations,
     if tuple(kernel) == tuple(strides) and not any(pads) and not any(output_padding) \
             and all(d == 1 for d in dilations):
         return _runtime_depth_to_space(cx, x, w, b, group)
-    for axis in range(n):
-        x = _spread(cx, x, 2 + axis, strides[axis])
-    begin, end = [], []
-    for i in range(n):
-        reach = dilations[i] * (kernel[i] - 1)
-        begin.append(reach - pads[i])
-        end.append(reach - pads[n + i] + output_padding[i])
-    if any(v < 0 for v in begin + end):  # a pad wider than the kernel's reach: a crop
-        starts = [0, 0] + [max(-v, 0) for v in begin]
-        sizes = list(x.shape[:2]) + [x.shape[2 + i] - max(-begin[i], 0) - max(-end[i], 0)
-                                     for i in range(n)]
-        if any(sz <= 0 for sz in sizes):
-            raise Fallback("the padding crops away the whole output")
-        x = cx.op("slice", x, starts=tuple(starts), steps=(1,) * (n + 2), sizes=tuple(sizes))
-    conv_pads = tuple(max(v, 0) for v in begin) + tuple(max(v, 0) for v in end)
+    try:
+        x, conv_pads = spread_input(cx, x, kernel, strides, pads, dilations, output_padding)
+    except NotLowered as e:
+        raise Fallback(str(e)) from None
     cols, out = _im2col(cx, x, kernel, (1,) * n, conv_pads, dilations, flip=True)
     # W [G, C/G, M/G, taps] -> [G, M/G, C/G, taps]: in and out channels swapped per group
     a = cx.transpose(cx.reshape(w, (group, cg, outs_g, taps)), (0, 2, 1, 3))
