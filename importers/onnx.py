@@ -31,7 +31,7 @@ from compiler.ir import Graph, IRError, TensorType, Value, verify
 from importers.onnx_host import HostTyper, captured_names, make_payload, onnx_schema
 from importers.onnx_load import DEFAULT_DOMAINS, check_versions, load_model, node_name
 from importers.onnx_ops import Fallback, lookup
-from importers.onnx_ops.context import NodeContext, const_array
+from importers.onnx_ops.context import NodeContext, const_array, graph_inputs_of
 from importers.onnx_types import (
     NUMPY_DTYPES,
     array_from_tensor,
@@ -399,23 +399,11 @@ class _Importer:
         is computed from (the value itself, or e.g. pads computed from a size input by
         Max, Sub, Div and Concat, as ONNX's function expansions do): with their values
         known, that computation folds. Nothing when anything else feeds it."""
-        if v is None:
+        leaves = None if v is None else graph_inputs_of(v, WANTED_SEARCH_VALUES)
+        if leaves is None or not all(
+                u.dtype in VALUE_SPECIALIZE_DTYPES and u.type.static
+                and u.type.size <= VALUE_SPECIALIZE_ELEMENTS for u in leaves):
             return
-        leaves, seen, todo = [], set(), [v]
-        while todo:
-            u = todo.pop()
-            if id(u) in seen:
-                continue
-            seen.add(id(u))
-            if len(seen) > WANTED_SEARCH_VALUES:
-                return
-            if u.producer is None:
-                if not (u.dtype in VALUE_SPECIALIZE_DTYPES and u.type.static
-                        and u.type.size <= VALUE_SPECIALIZE_ELEMENTS):
-                    return
-                leaves.append(u)
-            elif u.producer.op != "const":
-                todo.extend(u.producer.inputs)
         self.value_inputs.extend(u.name for u in leaves if u.name not in self.value_inputs)
 
     # -- host nodes ---------------------------------------------------------

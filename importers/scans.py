@@ -76,15 +76,16 @@ def _scan(cx, x, axis: int, combine: str, identity: float, exclusive: bool, reve
     return y
 
 
-def checked_index(cx, idx, n: int) -> tuple:
+def checked_index(cx, idx, n) -> tuple:
     """(idx as i64 with [-n, 0) counted from the end, an i1 that is true where it is out of
     [0, n)): a flat index built from several such is made out of range where any is
-    (a flat index alone could land inside the tensor)."""
+    (a flat index alone could land inside the tensor). `n` is one size, or one per
+    entry of idx's last dim (GatherND's index tuples)."""
     i = cx.cast(idx, "i64")
+    size = cx.scalar(n, "i64") if np.ndim(n) == 0 else cx.const(np.asarray(n, np.int64))
     below = cx.op("lt", i, cx.scalar(0, "i64"))
-    i = cx.op("select", below, cx.op("add", i, cx.scalar(n, "i64")), i)
-    bad = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")),
-                cx.op("ge", i, cx.scalar(n, "i64")))
+    i = cx.op("select", below, cx.op("add", i, size), i)
+    bad = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")), cx.op("ge", i, size))
     return i, bad
 
 

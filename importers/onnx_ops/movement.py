@@ -345,10 +345,9 @@ def convert_gather_nd(cx: NodeContext):
         raise Fallback("GatherND index out of range")  # onnxruntime reports it when run
     per_batch = _prod(dims)
     rows = _prod(data.shape[:b]) * per_batch
-    n = cx.const(np.array(dims, np.int64))  # along indices' last dim
-    i = cx.cast(indices, "i64")
-    i = cx.op("select", cx.op("lt", i, cx.scalar(0, "i64")), cx.op("add", i, n), i)
-    bad = cx.op("or", cx.op("lt", i, cx.scalar(0, "i64")), cx.op("ge", i, n))
+    from importers.scans import checked_index
+
+    i, bad = checked_index(cx, indices, dims)  # dims along indices' last dim
     i = cx.op("select", bad, cx.scalar(rows, "i64"), i)
     strides = np.cumprod((dims[1:] + (1,))[::-1])[::-1].astype(np.int64)
     flat = cx.reduce("sum", cx.op("mul", i, cx.const(strides)), [q - 1], keepdims=False)

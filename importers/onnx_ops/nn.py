@@ -20,7 +20,7 @@ from compiler.errors import InvalidModelError
 from compiler.ops.contraction import window_out_dims
 from compiler.passes.windows import count_ratio
 from importers.onnx_ops import Fallback, converter
-from importers.onnx_ops.context import NodeContext
+from importers.onnx_ops.context import NodeContext, graph_inputs_of
 
 # -- softmax ----------------------------------------------------------------
 
@@ -233,17 +233,7 @@ RUNTIME_CONV_MAX_TAPS = 512
 def _from_inputs(v) -> bool:
     """Whether `v` is computed from a graph input (a weight only made of constants, folded
     by the compiler's passes if not at import, keeps the packed kernels)."""
-    seen, todo = set(), [v]
-    while todo:
-        u = todo.pop()
-        if id(u) in seen:
-            continue
-        seen.add(id(u))
-        if u.producer is None:
-            return True
-        if u.producer.op != "const":
-            todo.extend(u.producer.inputs)
-    return False
+    return bool(graph_inputs_of(v))
 
 
 def _check_bias(b, channels: int) -> None:
