@@ -66,19 +66,27 @@ def _topk(cx: Ctx, x, k, dim=-1, largest=True, sorted=True):
     if x.type.rank == 0:
         return _scalar(cx, x, dim, k in (0, 1))
     d = norm_dim(dim, x.type.rank)
+    if _by_rounds(x, d, k, "topk", "argmax"):
+        idx = top_indices(cx, x, d, k, bool(largest))
+    else:
+        idx = sort_indices(cx, x, d, bool(largest))
+        if k < x.shape[d]:
+            idx = _first(cx, idx, d, k)
+    return _finish(cx, x, idx, d)
+
+
+def _by_rounds(x, d: int, k: int, what: str, arg: str) -> bool:
+    """Whether the k first along dim d are found by k rounds of `arg` (small k, or an
+    axis too long to rank), else by ranks; Fallback when neither applies."""
     n = x.shape[d]
     if not 0 < k <= n:
-        raise Fallback(f"topk with k={k} along {n} elements")
+        raise Fallback(f"{what} with k={k} along {n} elements")
     fits = sort_fits(x.shape, d)
     if k <= ROUNDS_FIRST or (k <= TOPK_MAX_K and fits is not None):
-        idx = top_indices(cx, x, d, k, bool(largest))
-    elif fits is None:
-        idx = sort_indices(cx, x, d, bool(largest))
-        if k < n:
-            idx = _first(cx, idx, d, k)
-    else:
-        raise Fallback(f"topk with k={k}: more than {TOPK_MAX_K} rounds of argmax, and {fits}")
-    return _finish(cx, x, idx, d)
+        return True
+    if fits is None:
+        return False
+    raise Fallback(f"{what} with k={k}: more than {TOPK_MAX_K} rounds of {arg}, and {fits}")
 
 
 def _first(cx: Ctx, v, axis: int, k: int):
@@ -117,15 +125,8 @@ def _kthvalue(cx: Ctx, x, k, dim=-1, keepdim=False):
     if x.type.rank == 0:
         return _scalar(cx, x, dim, k == 1)
     d = norm_dim(dim, x.type.rank)
-    n = x.shape[d]
-    if not 0 < k <= n:
-        raise Fallback(f"kthvalue with k={k} along {n} elements")
-    fits = sort_fits(x.shape, d)
-    if k <= ROUNDS_FIRST or (k <= TOPK_MAX_K and fits is not None):
+    if _by_rounds(x, d, k, "kthvalue", "argmin"):
         idx = top_indices(cx, x, d, k, largest=False, last_only=True)
-    elif fits is None:
-        idx = kth_index(cx, x, d, k)
     else:
-        raise Fallback(f"kthvalue with k={k}: more than {TOPK_MAX_K} rounds of argmin, "
-                       f"and {fits}")
+        idx = kth_index(cx, x, d, k)
     return _finish(cx, x, idx, d)
