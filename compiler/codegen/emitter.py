@@ -17,6 +17,7 @@ from llvmlite import ir
 from compiler import dtypes
 from compiler.codegen import faults, ops_llvm
 from compiler.codegen.ops_llvm import I1, I64, llvm_type, storage_type
+from compiler.codegen.symbols import declare
 from compiler.ir import IRError, Value
 from compiler.ops import Family
 
@@ -151,12 +152,17 @@ class ElementEmitter:
 
     def _div(self, n, idx):
         """x / y; where y is fixed for the whole row of a row kernel (softmax's sum, layer
-        norm's deviation), x * (1 / y): one division per row, hoisted out of the loop, and a
-        multiply per element, within 1 ulp of the division."""
+        norm's deviation) or a scalar constant, through r = 1 / y (one division per row,
+        hoisted out of the loop): q = x * r, then one correction step (Markstein's),
+        q + (x - q * y) * r with the residual exact in an FMA, which is x / y correctly
+        rounded wherever nothing overflows or underflows (a quantizer's x / scale rounds
+        as the division does). Where the residual is not finite (x or y infinite, y zero,
+        x / y overflowing) q is already the quotient. Without FMA (SSE targets) the residual is rounded and the
+        result within an ulp."""
         out = n.outputs[0]
         x, y = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)
         if out.dtype in dtypes.FLOATS and self._row_invariant(n.inputs[1]):
-            return self.b.fmul(x, self.b.fdiv(ir.Constant(y.type, 1.0), y))
+            return _divide_by_reciprocal(self.b, x, y)
         self._note_zero_divisor(n, y)
         return ops_llvm.emit(self.b, n, [x, y])
 
@@ -414,3 +420,19 @@ def scalar_constant(x, dtype: str) -> ir.Constant:
     if dtype in dtypes.FLOATS:
         return ir.Constant(t, float(x))
     return ir.Constant(t, int(x))
+
+
+def _divide_by_reciprocal(b: ir.IRBuilder, x, y):
+    """x / y from y's reciprocal (ElementEmitter._div)."""
+    t = x.type
+    element = t.element if isinstance(t, ir.VectorType) else t
+    suffix = (f"v{t.count}" if isinstance(t, ir.VectorType) else "") + \
+        ("f64" if element == ir.DoubleType() else "f32")
+    fmuladd = declare(b.module, f"llvm.fmuladd.{suffix}", t, [t, t, t])
+    fabs = declare(b.module, f"llvm.fabs.{suffix}", t, [t])
+    r = b.fdiv(ir.Constant(y.type, 1.0), y)
+    q = b.fmul(x, r)
+    residual = b.call(fmuladd, [b.fneg(q), y, x])
+    corrected = b.call(fmuladd, [residual, r, q])
+    finite = b.fcmp_ordered("<", b.call(fabs, [residual]), ir.Constant(t, float("inf")))
+    return b.select(finite, corrected, q)
