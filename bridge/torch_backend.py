@@ -161,11 +161,12 @@ def _compiler(kind: str, opts: TorchOptions):
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         name = f"g{next(_graph_ids)}_{kind}"
-        static = static_inputs() if kind != "backward" and opts.freeze else ()
+        weights = static_inputs() if kind != "backward" else ()
+        static = weights if opts.freeze else ()
         if kind == "forward" and static:
             return make_boxed_func(SteadyWeightsRunner(gm, name, static, opts))
         return make_boxed_func(GraphRunner(gm, name, static, opts,
-                                           buckets=kind == "inference"))
+                                           buckets=kind == "inference", weights=weights))
 
     return compile_graph
 
@@ -183,12 +184,15 @@ class GraphRunner:
     """One aten graph: compiled per input signature at call time, eager on refusal."""
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, static: tuple, opts: TorchOptions,
-                 buckets: bool = False, check_weights: bool = True):
+                 buckets: bool = False, check_weights: bool = True, weights: tuple = ()):
         from bridge.torch_dynamic import LengthSymbol
 
         self.gm = gm
         self.name = name
         self.static = frozenset(static)
+        # the module's parameters and buffers among the inputs, frozen or not (those not
+        # frozen are left where an optimizer's updates favour torch: importers.fx)
+        self.weights = frozenset(weights) | self.static
         self.opts = opts
         self.dynamic = _is_dynamic(gm)
         self._specs = SpecializationCache()
@@ -335,7 +339,7 @@ class SteadyWeightsRunner:
     def __init__(self, gm: torch.fx.GraphModule, name: str, static: tuple, opts: TorchOptions):
         self.name = name
         self.weights = FrozenWeights(static)
-        self.unfrozen = GraphRunner(gm, name, (), opts)
+        self.unfrozen = GraphRunner(gm, name, (), opts, weights=static)
         self.frozen = GraphRunner(gm, f"{name}_frozen", static, opts, check_weights=False)
         self.calls = self.steady = self.thaws = 0
         self._lock = threading.Lock()
@@ -401,7 +405,8 @@ class _Specialization:
         opts = runner.opts
         frozen = _frozen_arrays(runner.static, args)
         vals = concrete_vals(runner.gm, args) if runner.dynamic else None
-        self.imported = imported = import_fx(runner.gm, args, frozen, vals, runner.name)
+        self.imported = imported = import_fx(runner.gm, args, frozen, vals, runner.name,
+                                             trainable=runner.weights)
         self.input_indices = imported.input_indices
         dump(opts, runner.name, "import.ir", str(imported.graph))
         plan = driver.plan(imported.graph, opts.target, opts.allow_fallback)

@@ -112,7 +112,7 @@ class PaddedRun:
         for at in (length, *probe_lengths(length)):
             at_args = symbol.at(args, at)
             imp = import_fx(runner.gm, at_args, frozen, concrete_vals(runner.gm, at_args),
-                            runner.name)
+                            runner.name, trainable=runner.weights)
             driver.optimize(imp.graph, opts.target)
             imported.append(imp)
         bucket, *probes = imported

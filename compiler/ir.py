@@ -418,6 +418,25 @@ def verify(graph: Graph, *, after: str = "") -> None:
     _check_users(graph, where)
 
 
+def graph_inputs_of(v: Value, limit: int | None = None) -> list[Value] | None:
+    """The graph inputs `v` is computed from (walking producers back through every node
+    but a const; [] for a value made only of constants), or None when the walk visits
+    more than `limit` values."""
+    inputs, seen, todo = [], set(), [v]
+    while todo:
+        u = todo.pop()
+        if id(u) in seen:
+            continue
+        seen.add(id(u))
+        if limit is not None and len(seen) > limit:
+            return None
+        if u.producer is None:
+            inputs.append(u)
+        elif u.producer.op != "const":
+            todo.extend(u.producer.inputs)
+    return inputs
+
+
 def clone(graph: Graph) -> Graph:
     """A deep copy of the graph structure (constant arrays are shared: read-only)."""
     g = Graph(graph.name)

@@ -27,8 +27,11 @@ import torch.fx
 from compiler.errors import CompileError
 from compiler.ir import Graph, IRError, TensorType, Value
 from importers import (  # noqa: F401  (fill the table)
-    fx_elementwise, fx_movement, fx_nn, fx_resize, fx_rnn, fx_transformer)
+    fx_elementwise, fx_movement, fx_nn, fx_resize, fx_rnn, fx_transformer, fx_windows)
 from importers import fx_selection  # noqa: F401  (fill the table: topk, sort, kthvalue)
+from importers import fx_special  # noqa: F401  (fill the table: lgamma, Bessel, zeta...)
+from importers import (  # noqa: F401  (fill the table: addbmm, cdist, cummax, median,
+    fx_linalg, fx_misc, fx_scans, fx_search)  # searchsorted, segment_reduce...)
 from importers.fx_context import CONVERTERS, SEEDED_CHECKED, Ctx, Fallback, tensor_type
 
 log = logging.getLogger("braze")
@@ -89,10 +92,13 @@ class FxImport:
 
 
 def import_fx(gm: torch.fx.GraphModule, args: list, frozen: dict | None = None,
-              vals: dict | None = None, name: str = "fx") -> FxImport:
+              vals: dict | None = None, name: str = "fx",
+              trainable: frozenset = frozenset()) -> FxImport:
     """Import `gm` for the concrete `args` (tensors: only shapes and dtypes are read;
-    ints: SymInt values); `frozen` maps placeholder index -> numpy array to bake in."""
-    return _Importer(gm, args, frozen or {}, vals, name).run()
+    ints: SymInt values); `frozen` maps placeholder index -> numpy array to bake in;
+    `trainable`: placeholder indices of module weights passed as inputs (an optimizer may
+    change them at every call), which some converters leave to torch (a convolution)."""
+    return _Importer(gm, args, frozen or {}, vals, name, trainable).run()
 
 
 def op_name(target) -> str:
@@ -103,10 +109,12 @@ def op_name(target) -> str:
 
 
 class _Importer:
-    def __init__(self, gm, args, frozen, vals, name):
+    def __init__(self, gm, args, frozen, vals, name, trainable=frozenset()):
         self.gm = gm
         self.args = list(args)
         self.frozen = frozen
+        self.trainable = frozenset(trainable) - set(frozen)
+        self.trainable_values: set[Value] = set()  # their graph inputs
         self.vals = vals
         self.graph = Graph(name)
         self.env: dict[torch.fx.Node, Any] = {}
@@ -146,7 +154,10 @@ class _Importer:
         if i in self.frozen:
             return self.graph.const(self.frozen[i], name=node.name)
         self.result.input_indices.append(i)
-        return self.graph.add_input(self.graph.fresh_name(node.name), t)
+        v = self.graph.add_input(self.graph.fresh_name(node.name), t)
+        if i in self.trainable:
+            self.trainable_values.add(v)
+        return v
 
     def attr(self, node: torch.fx.Node) -> Value:
         """A tensor the graph owns (AOTAutograd's lifted constants): an IR constant."""
@@ -266,6 +277,7 @@ class _Importer:
     def convert(self, node, target, args, kwargs, val):
         used = frozenset(u.args[1] for u in node.users if u.target is operator.getitem)
         cx = Ctx(self.graph, node.name, target, val, used)
+        cx.trainable = self.trainable_values
         cx.arg_vals = [self.val(a) if isinstance(a, torch.fx.Node) else None for a in node.args]
         cx.readers = [(u.target, u.meta.get("val") if self.vals is None else self.vals.get(u))
                       for u in node.users]

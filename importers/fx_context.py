@@ -70,6 +70,8 @@ class Ctx:
         self.arg_vals: list = []  # the fake values of the node's positional node args
         # (aten op, fake value) of each node reading this one's result
         self.readers: list[tuple] = []
+        # graph inputs that are module weights not frozen (import_fx's `trainable`)
+        self.trainable: set = set()
 
     # -- what aten says the result is ---------------------------------------
 

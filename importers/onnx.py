@@ -27,11 +27,11 @@ from onnx import NodeProto, TypeProto, helper
 
 from compiler import dtypes
 from compiler.errors import BrazeError, CompileError, InputError, InvalidModelError
-from compiler.ir import Graph, IRError, TensorType, Value, verify
+from compiler.ir import Graph, IRError, TensorType, Value, graph_inputs_of, verify
 from importers.onnx_host import HostTyper, captured_names, make_payload, onnx_schema
 from importers.onnx_load import DEFAULT_DOMAINS, check_versions, load_model, node_name
 from importers.onnx_ops import Fallback, lookup
-from importers.onnx_ops.context import NodeContext, const_array, graph_inputs_of
+from importers.onnx_ops.context import NodeContext, const_array
 from importers.onnx_types import (
     NUMPY_DTYPES,
     array_from_tensor,

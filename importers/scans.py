@@ -1,5 +1,5 @@
-"""Prefix sums and products and take-along-axis gathers as braze IR, shared by both
-importers.
+"""Prefix sums, products and running extremes, and take-along-axis gathers as braze IR,
+shared by both importers.
 
 cumsum along an axis of n elements is ceil(log2 n) steps of Hillis and Steele's scan:
   y_0 = x;  y_{k+1}[i] = y_k[i] + y_k[i - 2^k]   (the second term 0 where i < 2^k)
@@ -8,6 +8,15 @@ for floats a different (tree-like) summation order than a running sum. exclusive
 shifts the result by one (the first element 0), reverse flips the axis before and
 after (a slice with step -1). cumprod is the same scan with mul, 1 entering instead
 of 0.
+
+cummax (cummin) is the same scan over (value, index) pairs: combining an earlier pair
+(v1, i1) with a later one (v2, i2) keeps the later where
+  isnan(v2) or (not isnan(v1) and v2 >= v1)        (v2 <= v1 for cummin)
+so the result is the last NaN so far if there is one, else the last position where
+the running max was reached: torch's running loop, which updates on >= and on NaN.
+The rule is associative (a segment is summarized by its last NaN, else its last max),
+so log-step partial results combine as the running loop's do. A step's shifted pair
+does not exist where i < 2^k: the element's own pair is kept there.
 
 take_along_axis (ONNX GatherElements) reads data at a flat index:
   flat[i...] = idx[i...] * stride[axis] + sum over d != axis of i_d * stride[d]
@@ -74,6 +83,28 @@ def _scan(cx, x, axis: int, combine: str, identity: float, exclusive: bool, reve
     if reverse:
         y = _slice(cx, y, axis, n - 1, -1, n)
     return y
+
+
+def cumulative_extreme_ir(cx, x, axis: int, largest: bool) -> tuple:
+    """(values, i64 indices): the running max (min) of x along `axis` and the last
+    position that reached it, NaN winning (module doc). x's dtype: float, int or u8."""
+    from compiler import dtypes
+
+    n, rank = x.shape[axis], x.type.rank
+    shape = [1] * rank
+    shape[axis] = n
+    iota = np.arange(n, dtype=np.int64).reshape(shape)
+    v, i, span = x, cx.op("broadcast", cx.const(iota), shape=tuple(x.shape)), 1
+    while span < n:
+        pv, pi = _shift(cx, v, axis, span), _shift(cx, i, axis, span)
+        later = cx.op("ge" if largest else "le", v, pv)
+        if x.dtype in dtypes.FLOATS:
+            later = cx.op("or", cx.op("isnan", v),
+                          cx.op("and", later, cx.op("not", cx.op("isnan", pv))))
+        keep = cx.op("and", cx.const(iota >= span), cx.op("not", later))
+        v, i = cx.op("select", keep, pv, v), cx.op("select", keep, pi, i)
+        span *= 2
+    return v, i
 
 
 def checked_index(cx, idx, n) -> tuple:

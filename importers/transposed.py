@@ -17,17 +17,30 @@ Two lowerings onto the direct conv braze compiles:
   flipped in space and its in/out channels swapped within each group. This multiplies
   the inserted zeros too (prod(s) times the products the output needs).
 
-Weights must be constants (they are rearranged at import); the ONNX importer lowers
-a run-time weight itself (importers/onnx_ops/nn.py: an im2col and a matmul).
+Weights must be constants (they are rearranged at import); a run-time weight takes
+importers/runtime_conv.py instead (an im2col and a matmul; both importers).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
 
 class NotLowered(Exception):
-    """A transposed convolution these lowerings do not express (the reason)."""
+    """A window op these lowerings (here, runtime_conv.py, pool_indices.py) do not
+    express; the message says why, and each importer turns it into its fallback."""
+
+
+@contextlib.contextmanager
+def lowering(fallback):
+    """Run lowerings that may raise NotLowered; its reason raised as `fallback(reason)`
+    (the calling importer's Fallback)."""
+    try:
+        yield
+    except NotLowered as e:
+        raise fallback(str(e)) from None
 
 
 def conv_transpose_ir(cx, x, w: np.ndarray, b: np.ndarray | None, strides, pads,

@@ -174,6 +174,10 @@ def _cast(em, n, ins, outs):
     em.add("Cast", ins, outs, to=onnx_elem_type(n.attrs["to"]))
 
 
+def _bitcast(em, n, ins, outs):
+    em.add("BitCast", ins, outs, to=onnx_elem_type(n.attrs["to"]))
+
+
 def _reduce(em, n, ins, outs):
     axes, keep = list(n.attrs["axes"]), int(n.attrs["keepdims"])
     if not axes:
@@ -323,7 +327,7 @@ _EXPORTERS = facets.attach("onnx_export", {
     "bitand": _bool_bitwise, "bitor": _bool_bitwise, "bitxor": _bool_bitwise,
     "max": _max, "ne": _ne, "neg": _neg, "mod": _mod, "fmod": _fmod, "expm1": _expm1,
     "log1p": _log1p,
-    "shl": _shift, "shr": _shift, "cast": _cast, "select": _select,
+    "shl": _shift, "shr": _shift, "cast": _cast, "bitcast": _bitcast, "select": _select,
     **{op: _reduce for op in _REDUCE}, "argmax": _arg, "argmin": _arg,
     "reshape": _reshape, "transpose": _transpose, "broadcast": _broadcast, "slice": _slice,
     "concat": _concat, "pad": _pad, "gather": _gather, "scatter": _scatter,
@@ -373,6 +377,8 @@ def _node_opset(n: Node) -> int:
     c = carrier(n)
     if n.op in ("shl", "shr") and n.inputs[0].dtype in dtypes.SIGNED:
         return 28  # BitShift takes signed integers from schema version 28
+    if n.op == "bitcast":
+        return 26  # BitCast is new in opset 26
     if (n.op in _BITWISE and n.inputs[0].dtype != "bool") or (c is not None and c.flip_sign):
         return 18
     if n.op == "pad" and n.attrs["mode"] == "wrap":

@@ -234,6 +234,7 @@ _IR_OPS: dict[str, Callable] = facets.attach("torch_host", {
     "div": _div,
     "select": lambda node, c, a, b: torch.where(c, a, b),
     "cast": lambda node, x: x.to(torch_dtype(node.attrs["to"])),
+    "bitcast": lambda node, x: x.view(torch_dtype(node.attrs["to"])),
     **{k: _reduce for k in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min")},
     "argmax": _arg, "argmin": _arg,
     "reshape": lambda node, x: x.reshape(node.attrs["shape"]),

@@ -10,7 +10,7 @@ compiler/codegen/compiled.py; runtime/cpu.py runs it) for the CPU, or a CudaProg
 
 from __future__ import annotations
 
-from compiler.codegen.ops_llvm import INT_REFUSED, SUPPORTED_DTYPES
+from compiler.codegen.ops_llvm import CAST_ONLY_DTYPES, INT_REFUSED, SUPPORTED_DTYPES
 from compiler.errors import BrazeError, CompileError
 from compiler.ir import Graph, Node
 from compiler.ops import Family
@@ -51,6 +51,10 @@ def supports(node: Node, target: str = "cpu") -> str | None:
     for v in list(node.inputs) + list(node.outputs):
         if v.dtype not in SUPPORTED_DTYPES:
             return f"dtype {v.dtype} of %{v.name} is not compiled by braze"
+        if v.dtype in CAST_ONLY_DTYPES and node.op not in ("cast", "bitcast") and \
+                family not in (Family.MOVEMENT, Family.CONST):
+            return (f"dtype {v.dtype} of %{v.name}: braze computes it as f32 (casts at "
+                    f"the edges), and this {node.op} node was left computing on it")
         if not v.type.static:
             return f"%{v.name} has a data-dependent shape"
     if node.op in INT_REFUSED and node.inputs[0].dtype not in ("f32", "f64"):

@@ -20,12 +20,16 @@ from compiler.codegen.symbols import declare
 from compiler.ir import IRError
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-F32, F64 = ir.FloatType(), ir.DoubleType()
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 
 _TYPES = {"bool": I1, "i8": I8, "u8": I8, "i16": I16, "u16": I16, "i32": I32, "u32": I32,
-          "i64": I64, "u64": I64, "f32": F32, "f64": F64}
+          "i64": I64, "u64": I64, "f16": F16, "f32": F32, "f64": F64}
 # dtypes braze's CPU kernels compute with
 SUPPORTED_DTYPES = frozenset(_TYPES)
+# dtypes kernels only load, store, move and cast (compiler/passes/widen.py computes f16
+# as f32)
+CAST_ONLY_DTYPES = frozenset({"f16"})
+_FLOAT_BITS = {"f16": 16, "f32": 32, "f64": 64}
 
 
 def llvm_type(dtype: str) -> ir.Type:
@@ -246,25 +250,64 @@ def cast(b, x, src: str, dst: str):
     st, dt = llvm_type(src), llvm_type(dst)
     if src == dst:
         return x
+    # f16 goes through f32 (exact both ways for f16's values; LLVM would call compiler-rt
+    # helpers for double <-> half and 64-bit integers <-> half, which the JIT lacks)
+    if src == "f16":
+        return cast(b, b.fpext(x, _like(x, F32)), "f32", dst)
+    if dst == "f16":
+        wide = _to_f32_odd(b, x) if src == "f64" else cast(b, x, src, "f32")
+        return b.fptrunc(wide, _like(x, F16))
     if dst == "bool":
         if _is_float(src):
             return b.fcmp_unordered("!=", x, ir.Constant(st, 0.0))
         return b.icmp_unsigned("!=", x, ir.Constant(st, 0))
     if _is_float(src) and _is_float(dst):
-        return b.fpext(x, dt) if dt == F64 else b.fptrunc(x, dt)
+        widen = _FLOAT_BITS[dst] > _FLOAT_BITS[src]
+        return b.fpext(x, dt) if widen else b.fptrunc(x, dt)
     if _is_float(dst):
         if src in dtypes.SIGNED:
             return b.sitofp(x, dt)
         return b.uitofp(x, dt)
     if _is_float(src):  # saturating: NaN -> 0, out of range -> the nearest bound
         name = "llvm.fptosi.sat" if dst in dtypes.SIGNED else "llvm.fptoui.sat"
-        full = f"{name}.i{dt.width}.{'f32' if st == F32 else 'f64'}"
+        full = f"{name}.i{dt.width}.f{_FLOAT_BITS[src]}"
         return b.call(declare(b.module, full, dt, [st]), [x])
     if dt.width == st.width:
         return x
     if dt.width < st.width:
         return b.trunc(x, dt)
     return b.sext(x, dt) if src in dtypes.SIGNED else b.zext(x, dt)
+
+
+def _like(x, element: ir.Type) -> ir.Type:
+    """`element`, or a vector of it as long as x's."""
+    return ir.VectorType(element, x.type.count) if isinstance(x.type, ir.VectorType) else element
+
+
+def _to_f32_odd(b, x):
+    """f64 -> f32 rounded to odd: truncated toward zero, the last bit set when inexact.
+    Rounding that to f16 gives f64 -> f16 correctly rounded (f32 keeps 13 more bits than
+    f16, so no double rounding); NaN and infinities pass through, overflow stays finite
+    and then rounds to infinity."""
+    i32 = _like(x, I32)
+    near = b.fptrunc(x, _like(x, F32))
+    exact = b.fcmp_unordered("==", b.fpext(near, x.type), x)  # NaN: keep as is
+    bits = b.bitcast(near, i32)
+    away = b.fcmp_ordered(">", _abs(b, b.fpext(near, x.type)), _abs(b, x))
+    one = _splat_int(i32, 1)
+    toward_zero = b.select(away, b.sub(bits, one), bits)
+    odd = b.bitcast(b.or_(toward_zero, one), near.type)
+    return b.select(exact, near, odd)
+
+
+def _abs(b, x):
+    return b.call(_intrinsic(b, "llvm.fabs", x.type), [x])
+
+
+def _splat_int(t: ir.Type, value: int):
+    if isinstance(t, ir.VectorType):
+        return ir.Constant(t, [ir.Constant(t.element, value)] * t.count)
+    return ir.Constant(t, value)
 
 
 # -- dispatch --------------------------------------------------------------------
@@ -275,6 +318,8 @@ def emit(b: ir.IRBuilder, node, args: list):
     src = node.inputs[0].dtype
     if op == "cast":
         return cast(b, args[0], src, node.attrs["to"])
+    if op == "bitcast":  # same width (the IR checks): LLVM's bitcast, a no-op on ints
+        return b.bitcast(args[0], llvm_type(node.attrs["to"]))
     if len(args) == 1:
         return _unary_float(b, op, src, args[0]) if _is_float(src) else \
             _unary_int(b, op, src, args[0])

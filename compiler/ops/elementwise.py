@@ -1,4 +1,4 @@
-"""Elementwise ops: unary, binary (numpy broadcasting), select, cast.
+"""Elementwise ops: unary, binary (numpy broadcasting), select, cast, bitcast.
 
 Binary ops require both operands to have the same dtype (importers insert
 casts); shapes broadcast as numpy does, so no explicit `broadcast` is needed
@@ -6,6 +6,8 @@ in front of an elementwise op. Integer `div` truncates toward zero (C, ONNX);
 `mod` takes the sign of the divisor (Python), `fmod` that of the dividend (C).
 `shl`/`shr` follow ONNX BitShift: `shr` of a signed dtype is arithmetic, and an amount
 that is negative or at least the bit width gives -1 (`shr` of a negative x) or 0.
+`bitcast` reads each element's bits as another number type of the same width (ONNX
+BitCast: float32 1.0 is int32 0x3f800000).
 """
 
 from __future__ import annotations
@@ -207,4 +209,22 @@ def _cast_eval(node, x):
 
 
 register(OpDef("cast", Family.ELEMENTWISE, (1, 1), _cast_infer, _cast_eval,
+               attrs={"to": ("dtype", REQUIRED)}))
+
+
+def _bitcast_infer(node):
+    """Same shape, the bits of each element read as `to` (ONNX BitCast): both dtypes
+    plain numbers of one width; bool is refused (a byte other than 0 or 1 is no bool)."""
+    x = node.inputs[0]
+    to = node.attrs["to"]
+    dtypes.check(to)
+    if not ({x.dtype, to} <= dtypes.NUMERIC) or dtypes.itemsize(x.dtype) != dtypes.itemsize(to):
+        raise IRError(f"{node.describe()}: cannot reinterpret {x.dtype} as {to} (numbers "
+                      "of one width only)")
+    return [TensorType(to, x.shape)]
+
+
+register(OpDef("bitcast", Family.ELEMENTWISE, (1, 1), _bitcast_infer,
+               lambda node, x: [np.asarray(x).copy(order="C").view(
+                   dtypes.to_numpy(node.attrs["to"]))],
                attrs={"to": ("dtype", REQUIRED)}))

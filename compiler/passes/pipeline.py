@@ -24,6 +24,7 @@ from compiler.passes.fold import fold_affine_into_contractions
 from compiler.passes.identities import simplify_identities
 from compiler.passes.sink import sink_reshapes
 from compiler.passes.simplify import eliminate_common_subexpressions, fold_constants, remove_dead
+from compiler.passes.widen import widen_half
 
 log = logging.getLogger("braze.passes")
 
@@ -51,6 +52,9 @@ class Entry:
 
 
 DEFAULT: list[Entry] = [
+    Entry(widen_half,
+          "float16 computed as float32 (f16 kept at the graph's edges, explicit casts and "
+          "host nodes), before any rule matches, so f16 graphs fold and fuse as f32 ones"),
     Entry(fold_constants,
           "shape chains and weight transforms become constants that later rules can read"),
     Entry(simplify_identities,

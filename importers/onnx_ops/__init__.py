@@ -69,14 +69,17 @@ def table() -> dict[tuple[str, str], list[tuple[int, int, Converter]]]:
 # The converter modules register themselves; import order is irrelevant.
 from importers.onnx_ops import (  # noqa: E402,F401
     attention,
+    causal_conv,
     einsum,
     elementwise,
     activations,
+    linalg,
     losses,
     nn,
     normalization,
     movement,
     positional,
+    quantize,
     reduce,
     resize,
     rnn,

@@ -15,10 +15,10 @@ flag). softcap
 (softcap * tanh(scores / softcap) before the mask: Gemma-2) is written out as matmuls,
 tanh and a softmax, the reference's order, as is a node whose qk_matmul output (the
 scores, or with the mask, or the probabilities) is asked for. The cases braze does not express run on
-onnxruntime, each with its reason: float16 (the kernel is float32), unknown
+onnxruntime, each with its reason: unknown
 attributes and masks that do not broadcast to the scores. An external cache's
 nonpad_kv_seqlen (each batch row's valid keys) becomes a bias computed from it at run
-time, its causal frontier per row.
+time, its causal frontier per row. float16 nodes compute in float32 (half_as_float).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from importers.onnx_ops import Fallback, converter
-from importers.onnx_ops.context import NodeContext
+from importers.onnx_ops.context import NodeContext, half_as_float
 
 
 def _heads(cx: NodeContext, x, heads: int):
@@ -70,6 +70,7 @@ def _refusal(cx: NodeContext) -> str | None:
 
 
 @converter("Attention", 23)
+@half_as_float
 def convert_attention(cx: NodeContext):
     reason = _refusal(cx)
     if reason is not None:

@@ -8,6 +8,8 @@ ops that need static attributes (Reshape, Expand, Slice, Pad, Tile) find them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from onnx import NodeProto, helper
 
@@ -30,25 +32,6 @@ def const_array(v: Value | None) -> np.ndarray | None:
     if v is not None and v.producer is not None and v.producer.op == "const":
         return v.producer.attrs["value"]
     return None
-
-
-def graph_inputs_of(v: Value, limit: int | None = None) -> list[Value] | None:
-    """The graph inputs `v` is computed from (walking producers back through every node
-    but a const; [] for a value made only of constants), or None when the walk visits
-    more than `limit` values."""
-    inputs, seen, todo = [], set(), [v]
-    while todo:
-        u = todo.pop()
-        if id(u) in seen:
-            continue
-        seen.add(id(u))
-        if limit is not None and len(seen) > limit:
-            return None
-        if u.producer is None:
-            inputs.append(u)
-        elif u.producer.op != "const":
-            todo.extend(u.producer.inputs)
-    return inputs
 
 
 class NodeContext:
@@ -154,3 +137,22 @@ class NodeContext:
         count = int(np.prod([v.shape[a] for a in axes])) if axes else 1
         total = self.reduce("sum", v, axes, keepdims)
         return self.op("div", total, self.scalar(count, v.dtype))
+
+
+def half_as_float(fn):
+    """A converter whose kernel is float32 only (fused attention, the recurrence) run on
+    f32 casts of its f16 inputs, its float outputs cast back to f16: the node computes
+    in f32 and rounds once, as onnxruntime runs f16 nodes it has no f16 kernel for.
+    Elsewhere f16 needs no such wrapper: compiler/passes/widen.py computes every f16 op
+    as f32 after import."""
+
+    @functools.wraps(fn)
+    def convert(cx: NodeContext) -> list:
+        if not any(v is not None and v.dtype == "f16" for v in cx.inputs):
+            return fn(cx)
+        cx.inputs = [cx.cast(v, "f32") if v is not None and v.dtype == "f16" else v
+                     for v in cx.inputs]
+        return [cx.cast(o, "f16") if o is not None and o.dtype == "f32" else o
+                for o in fn(cx)]
+
+    return convert

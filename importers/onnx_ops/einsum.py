@@ -13,9 +13,13 @@ its letters and transposed into the output's order. With no contracted letter K 
 as any other (the packed GEMM for a constant 2-d right operand, the batched GEMM for run-
 time operands, attention when the pattern around it is one).
 
-Refused (the node runs on the host): a letter repeated within one operand (a diagonal
-or trace), an ellipsis whose dims differ between operands (broadcasting), and letters of
-equal name with different sizes.
+A letter repeated within one operand ("ii->i", "...ii->...i", "ii->" a trace) first takes
+that operand's diagonal: the two dims moved last and flattened (n * n), then one slice
+of step n + 1 reads x[..., i, i]; the diagonal keeps the letter once, at the end, and
+the operand goes on as any other (a trace is then a sum like any unused letter).
+
+Refused (the node runs on the host): an ellipsis whose dims differ between operands
+(broadcasting), and letters of equal name with different sizes.
 """
 
 from __future__ import annotations
@@ -64,13 +68,29 @@ def parse(equation: str, ranks: list[int]) -> tuple[list[str], str]:
     return spelled, out
 
 
+def diagonal(cx: NodeContext, v, term: str) -> tuple:
+    """v with every letter repeated in `term` reduced to its diagonal; (value, letters,
+    each once). InvalidModelError when a repeated letter names dims of different sizes."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        p, q = term.index(c), term.index(c, term.index(c) + 1)
+        n = v.shape[p]
+        if v.shape[q] != n:
+            raise InvalidModelError(f"{cx.describe}: letter {c!r} repeated in {term!r} names "
+                                    f"dims of sizes {n} and {v.shape[q]}")
+        rest = [i for i in range(len(term)) if i not in (p, q)]
+        v = cx.reshape(cx.transpose(v, rest + [p, q]), [v.shape[i] for i in rest] + [n * n])
+        v = cx.op("slice", v, starts=(0,) * v.type.rank, steps=(1,) * len(rest) + (n + 1,),
+                  sizes=v.shape[:-1] + (n,))
+        term = "".join(term[i] for i in rest) + c
+    return v, term
+
+
 def sizes_of(terms: list[str], shapes: list[tuple]) -> dict[str, int]:
-    """Each letter's size; Fallback when a letter repeats in one term (a diagonal) or
-    two operands give it different sizes (broadcasting)."""
+    """Each letter's size (terms with no repeated letter); Fallback when two operands give
+    a letter different sizes (broadcasting)."""
     sizes: dict[str, int] = {}
     for t, shape in zip(terms, shapes):
-        if len(set(t)) != len(t):
-            raise Fallback(f"a letter repeated within the term {t!r} (a diagonal or trace)")
         for c, d in zip(t, shape):
             if sizes.setdefault(c, d) != d:
                 raise Fallback(f"letter {c!r} has sizes {sizes[c]} and {d} (broadcasting)")
@@ -111,15 +131,19 @@ def contract(cx: NodeContext, a, ta: str, b, tb: str, keep: set, sizes: dict) ->
 @converter("Einsum", 12)
 def convert_einsum(cx: NodeContext):
     terms, out = parse(cx.attr("equation", ""), [v.type.rank for v in cx.inputs])
-    sizes = sizes_of(terms, [v.shape for v in cx.inputs])
+    if any(v.dtype not in ("f32", "f64") for v in cx.inputs):
+        raise Fallback("einsum of a non-float type (braze's matmul is float)")
+    operands = []
+    for i, (v, t) in enumerate(zip(cx.inputs, terms)):
+        v, terms[i] = diagonal(cx, v, t)
+        operands.append(v)
+    sizes = sizes_of(terms, [v.shape for v in operands])
     if any(c not in sizes for c in out) or len(set(out)) != len(out):
         raise InvalidModelError(f"{cx.describe}: output {out!r} names a letter no operand "
                                 "has, or one twice")
-    if any(v.dtype not in ("f32", "f64") for v in cx.inputs):
-        raise Fallback("einsum of a non-float type (braze's matmul is float)")
-    v, term = sum_out(cx, cx.inputs[0], terms[0], set(out) | set("".join(terms[1:])))
+    v, term = sum_out(cx, operands[0], terms[0], set(out) | set("".join(terms[1:])))
     for i in range(1, len(terms)):
         keep = set(out) | set("".join(terms[i + 1:]))
-        v, term = contract(cx, v, term, cx.inputs[i], terms[i], keep, sizes)
+        v, term = contract(cx, v, term, operands[i], terms[i], keep, sizes)
     v, term = sum_out(cx, v, term, set(out))
     return [cx.transpose(v, [term.index(c) for c in out])]

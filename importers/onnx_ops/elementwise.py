@@ -1,5 +1,5 @@
 """Elementwise ONNX ops: unary math, binary arithmetic, comparison, logic, bitwise,
-variadic Sum/Mean/Max/Min, Where, Cast/CastLike, IsInf, Mod, BitShift, Pow.
+variadic Sum/Mean/Max/Min, Where, Cast/CastLike, BitCast, IsInf, Mod, BitShift, Pow.
 
 ONNX requires equal element types on both sides of nearly every binary op and
 broadcasts like numpy (opset >= 7), which is the IR's rule too. Pow is the
@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler import dtypes
+from compiler.errors import InvalidModelError
 from compiler.ops import facets
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext, const_array
@@ -202,6 +203,21 @@ def convert_cast(cx: NodeContext):
     if cx.attr("saturate", 1) != 1 and to not in ("f32", "f64", "f16"):
         raise Fallback("Cast with saturate=0 to a float8 type")
     return [cx.cast(cx.x, to)]
+
+
+@converter("BitCast", 26)
+def convert_bitcast(cx: NodeContext):
+    """Each element's bits read as `to` (the same width: the spec's shape inference refuses
+    others, so onnxruntime does too)."""
+    src, to = cx.x.dtype, dtype_of_elem(cx.attr("to"))
+    if src == to:
+        return [cx.x]
+    if "bool" in (src, to) or not {src, to} <= dtypes.NUMERIC:
+        raise Fallback(f"BitCast from {src} to {to}: braze reinterprets plain numbers only")
+    if dtypes.itemsize(src) != dtypes.itemsize(to):
+        raise InvalidModelError(f"{cx.describe}: BitCast from {src} to {to} changes the "
+                                "width (the spec requires equal bit widths)")
+    return [cx.op("bitcast", cx.x, to=to)]
 
 
 @converter("CastLike", 15)

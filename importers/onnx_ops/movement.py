@@ -1,5 +1,5 @@
 """Data movement: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split,
-Slice, Pad, Gather, Expand, Tile, DepthToSpace, SpaceToDepth, GatherND.
+Slice, Pad, Gather, Compress, Expand, Tile, DepthToSpace, SpaceToDepth, GatherND.
 
 Every shape-like input (Reshape's shape, Slice's starts, Pad's pads, ...) must
 be a constant after folding; the IR ops take them as static attributes.
@@ -240,6 +240,28 @@ def convert_center_crop_pad(cx: NodeContext):
 def convert_gather(cx: NodeContext):
     data, idx = cx.inputs
     return [cx.op("gather", data, idx, axis=cx.axis(cx.attr("axis", 0), data.type.rank))]
+
+
+@converter("Compress", 9)
+def convert_compress(cx: NodeContext):
+    """The entries of x (flattened when no axis is given) where the condition is true: a
+    constant condition is a gather of its true positions (np.nonzero); a shorter
+    condition leaves the rest out, as the spec says."""
+    x, cond = cx.inputs
+    mask = const_array(cond)
+    if mask is None:
+        raise Fallback("its condition is computed at run time: the output's shape would "
+                       "depend on the data", wants=cond)
+    axis = cx.attr("axis")
+    if axis is None:
+        x, axis = cx.reshape(x, (x.type.size,)), 0
+    else:
+        axis = cx.axis(axis, x.type.rank)
+    picked = np.nonzero(mask.reshape(-1))[0]
+    if picked.size and picked[-1] >= x.shape[axis]:
+        raise InvalidModelError(f"{cx.describe}: condition selects index {picked[-1]} of an "
+                                f"axis of {x.shape[axis]}")
+    return [cx.op("gather", x, cx.const(picked.astype(np.int64)), axis=axis)]
 
 
 @converter("Expand", 8)

@@ -1,5 +1,6 @@
-"""Contractions, pooling and softmax: MatMul, Gemm, Conv, MaxPool/AveragePool,
-GlobalAveragePool/GlobalMaxPool, Softmax/LogSoftmax.
+"""Contractions, pooling and softmax: MatMul, Gemm, Conv/ConvTranspose (a run-time
+weight: importers/runtime_conv.py), MaxPool (its Indices: importers/pool_indices.py),
+MaxUnpool, AveragePool, LpPool, GlobalAveragePool/GlobalMaxPool, Softmax/LogSoftmax.
 
 Softmax is decomposed the numerically stable way, as XLA does with
 tf.nn.softmax: m = max(x), e = exp(x - m), y = e / sum(e) (LogSoftmax:
@@ -13,14 +14,17 @@ ceil_mode grows the end padding until the floor formula yields the ceil size.
 
 from __future__ import annotations
 
-import itertools
 import math
+
+import numpy as np
 
 from compiler.errors import InvalidModelError
 from compiler.ops.contraction import window_out_dims
 from compiler.passes.windows import count_ratio
+from importers import runtime_conv
 from importers.onnx_ops import Fallback, converter
-from importers.onnx_ops.context import NodeContext, graph_inputs_of
+from importers.onnx_ops.context import NodeContext
+from importers.transposed import conv_transpose_ir, lowering
 
 # -- softmax ----------------------------------------------------------------
 
@@ -157,18 +161,21 @@ def _ceil_pads(in_dims, kernel, strides, dilations, pads) -> list[int]:
 @converter("Conv", 1)
 def convert_conv(cx: NodeContext):
     """The IR's conv (compiled on kernels that pack its constant weight at compile time);
-    a weight computed from graph inputs is an im2col and a matmul (`_runtime_conv`)."""
+    a weight computed from graph inputs is an im2col and a matmul
+    (importers/runtime_conv.py)."""
     x, w, b = cx.input(0), cx.input(1), cx.input(2)
     kernel = list(cx.attr("kernel_shape", w.shape[2:]))
     if tuple(kernel) != tuple(w.shape[2:]):
         raise Fallback(f"kernel_shape {kernel} differs from the weight's {w.shape[2:]}")
     attrs = _window_attrs(cx, x.shape[2:], kernel)
     group = cx.attr("group", 1)
-    if _from_inputs(w):
-        return [_runtime_conv(cx, x, w, b, group, **attrs)]
-    if b is not None and _from_inputs(b):  # a constant weight, a run-time bias: added after
-        _check_bias(b, w.shape[0])
-        return [_add_bias(cx, cx.op("conv", x, w, group=group, **attrs), b)]
+    with lowering(Fallback):
+        if runtime_conv.from_inputs(w):
+            return [runtime_conv.runtime_conv(cx, x, w, b, group, where=cx.describe,
+                                              **attrs)]
+        if b is not None and runtime_conv.from_inputs(b):  # a run-time bias: added after
+            runtime_conv.check_bias(b, w.shape[0])
+            return [runtime_conv.add_bias(cx, cx.op("conv", x, w, group=group, **attrs), b)]
     inputs = [x, w] + ([b] if b is not None else [])
     return [cx.op("conv", *inputs, group=group, **attrs)]
 
@@ -176,13 +183,11 @@ def convert_conv(cx: NodeContext):
 @converter("ConvTranspose", 1)
 def convert_conv_transpose(cx: NodeContext):
     """importers/transposed.py lowers it onto the direct conv; a weight computed from
-    graph inputs is an im2col and a matmul here (`_runtime_conv_transpose`)."""
-    from importers.transposed import NotLowered, conv_transpose_ir
-
+    graph inputs is an im2col and a matmul (importers/runtime_conv.py)."""
     x = cx.x
     wv, bv = cx.input(1), cx.input(2)
-    runtime_w = _from_inputs(wv)
-    runtime_b = bv is not None and _from_inputs(bv)
+    runtime_w = runtime_conv.from_inputs(wv)
+    runtime_b = bv is not None and runtime_conv.from_inputs(bv)
     w = wv if runtime_w else cx.const_input(1, "weight")
     b = bv if runtime_w or runtime_b else cx.const_input(2, "bias")
     n = x.type.rank - 2
@@ -194,189 +199,16 @@ def convert_conv_transpose(cx: NodeContext):
     out_pad = list(cx.attr("output_padding", [0] * n))
     pads = _transposed_pads(cx, x.shape[2:], kernel, strides, dilations, out_pad)
     group = cx.attr("group", 1)
-    if runtime_w:
-        return [_runtime_conv_transpose(cx, x, w, b, strides, pads, dilations, out_pad,
-                                        group)]
-    try:
+    with lowering(Fallback):
+        if runtime_w:
+            return [runtime_conv.runtime_conv_transpose(
+                cx, x, w, b, strides, pads, dilations, out_pad, group, cx.describe)]
         y = conv_transpose_ir(cx, x, w, None if runtime_b else b, strides, pads, dilations,
                               out_pad, group)
-    except NotLowered as e:
-        raise Fallback(str(e)) from None
-    if runtime_b:
-        _check_bias(b, y.shape[1])
-        y = _add_bias(cx, y, b)
+        if runtime_b:
+            runtime_conv.check_bias(b, y.shape[1])
+            y = runtime_conv.add_bias(cx, y, b)
     return [y]
-
-
-# -- conv and ConvTranspose with a run-time weight ------------------------------
-#
-# braze's conv kernels pack a constant weight at compile time. A weight computed from graph
-# inputs (dynamic filters, ONNX's node tests) is instead an im2col as index arithmetic --
-# pad, then one strided slice of the padded input per kernel tap (its offset the tap times
-# the dilation, its steps the strides), concatenated on a tap axis -- and a matmul of two
-# run-time operands (compiler/kernels/batched.py in float32, B packed per call):
-#
-#   y[n, g, m, p] = sum over (c, tap) of W[g, m, (c, tap)] * cols[n, g, (c, tap), p]
-#
-# the groups a batch dim of the matmul, p the output pixels; the result is N, C, spatial
-# as it comes (no transpose), the bias added on the matmul's shape (its epilogue). The
-# im2col is movement ops only, so the matmul's packing loop reads the input through them
-# (no im2col buffer). ConvTranspose is the stride-1
-# conv of the zero-spread, padded input with the kernel flipped (the taps read in reverse
-# order) and its channels swapped within each group (importers/transposed.py's
-# arithmetic), or, for non-overlapping windows, one matmul and a depth-to-space.
-
-# Kernels with more taps than this are refused (a concat of as many slices).
-RUNTIME_CONV_MAX_TAPS = 512
-
-
-def _from_inputs(v) -> bool:
-    """Whether `v` is computed from a graph input (a weight only made of constants, folded
-    by the compiler's passes if not at import, keeps the packed kernels)."""
-    return bool(graph_inputs_of(v))
-
-
-def _check_bias(b, channels: int) -> None:
-    if b.shape != (channels,):
-        raise Fallback(f"bias {b.shape} for {channels} output channels")
-
-
-def _add_bias(cx: NodeContext, y, b):
-    """y (N, C, spatial...) + b (C,) along the channel axis."""
-    return cx.op("add", y, cx.reshape(b, (b.shape[0],) + (1,) * (y.type.rank - 2)))
-
-
-def _runtime_checks(x, w, b) -> None:
-    """Fallback for what the im2col + matmul form does not express."""
-    for v in (x, w) + ((b,) if b is not None else ()):
-        if not v.type.static:
-            raise Fallback(f"a run-time conv weight with symbolic dims ({v.type})")
-    if x.dtype not in ("f32", "f64") or w.dtype != x.dtype or (b is not None
-                                                                and b.dtype != x.dtype):
-        raise Fallback(f"a run-time conv weight over {x.dtype} x {w.dtype}: float32 or "
-                       f"float64 only")
-    if x.type.rank < 3 or w.type.rank != x.type.rank:
-        raise Fallback(f"input {x.shape} and weight {w.shape} ranks")
-    if 0 in x.shape or 0 in w.shape:
-        raise Fallback("an empty conv (input or weight with a zero dim)")
-    taps = math.prod(w.shape[2:])
-    if taps > RUNTIME_CONV_MAX_TAPS:
-        raise Fallback(f"a run-time conv weight of {taps} taps (> RUNTIME_CONV_MAX_TAPS)")
-
-
-def _im2col(cx: NodeContext, x, kernel, strides, pads, dilations, flip: bool = False):
-    """(cols [N, C, taps, P], the output dims): tap t's slice of the padded input at
-    offsets t * dilation (taps in reverse order if `flip`), P the output pixels."""
-    n = len(kernel)
-    batch, chans = x.shape[:2]
-    if any(pads):
-        x = cx.op("pad", x, pads=(0, 0) + tuple(pads[:n]) + (0, 0) + tuple(pads[n:]),
-                  mode="constant", value=0.0)
-    out = window_out_dims(x.shape[2:], kernel, strides, (0,) * (2 * n), dilations,
-                          cx.describe)
-    pixels = math.prod(out)
-    cols = []
-    for tap in itertools.product(*(range(k) for k in kernel)):
-        if flip:
-            tap = tuple(k - 1 - t for k, t in zip(kernel, tap))
-        starts = (0, 0) + tuple(t * d for t, d in zip(tap, dilations))
-        sizes = (batch, chans) + tuple(out)
-        steps = (1, 1) + tuple(strides)
-        piece = x
-        if not (sizes == x.shape and not any(starts) and all(s == 1 for s in steps)):
-            piece = cx.op("slice", x, starts=starts, steps=steps, sizes=sizes)
-        cols.append(cx.reshape(piece, (batch, chans, 1, pixels)))
-    return (cols[0] if len(cols) == 1 else cx.op("concat", *cols, axis=2)), tuple(out)
-
-
-def _grouped_matmul(cx: NodeContext, a, cols, group: int, b):
-    """a [G, M/G, K] (or [M, K] for G = 1) times cols [N, C, taps, P] with its channels in
-    G groups (K = C/G * taps), plus the bias b (M,) if given: [N, M, P]. (The bias is
-    added on the matmul's own shape: its epilogue.)"""
-    batch, chans, taps, pixels = cols.shape
-    outs = group * a.shape[-2]
-    if group == 1:
-        y = cx.op("matmul", a, cx.reshape(cols, (batch, chans * taps, pixels)))
-    else:
-        y = cx.op("matmul", a, cx.reshape(cols, (batch, group, chans // group * taps, pixels)))
-    if b is not None:
-        y = cx.op("add", y, cx.reshape(b, y.shape[1:-1] + (1,)))
-    return cx.reshape(y, (batch, outs, pixels))
-
-
-def _runtime_conv(cx: NodeContext, x, w, b, group: int, strides, pads, dilations):
-    """Conv with a run-time weight W [M, C/G, K...]: im2col, then W as [G, M/G, C/G * taps]
-    times the columns."""
-    _runtime_checks(x, w, b)
-    chans, outs = x.shape[1], w.shape[0]
-    if group < 1 or chans != w.shape[1] * group or outs % group:
-        raise Fallback(f"channels {chans} vs weight {w.shape}, group {group}")
-    if b is not None:
-        _check_bias(b, outs)
-    if min(pads) < 0:
-        raise Fallback(f"negative pads {pads}")
-    kernel = w.shape[2:]
-    cols, out = _im2col(cx, x, kernel, strides, pads, dilations)
-    k = w.shape[1] * math.prod(kernel)
-    a = cx.reshape(w, (outs, k) if group == 1 else (group, outs // group, k))
-    return cx.reshape(_grouped_matmul(cx, a, cols, group, b), (x.shape[0], outs) + out)
-
-
-def _runtime_conv_transpose(cx: NodeContext, x, w, b, strides, pads, dilations,
-                            output_padding, group: int):
-    """ConvTranspose with a run-time weight W [C, M/G, K...] (importers/transposed.py's
-    equivalent direct conv, or its depth-to-space when windows do not overlap)."""
-    from importers.transposed import NotLowered, spread_input
-
-    _runtime_checks(x, w, b)
-    n = x.type.rank - 2
-    chans, outs_g = x.shape[1], w.shape[1]
-    if group < 1 or w.shape[0] != chans or chans % group:
-        raise Fallback(f"weight {w.shape} for {chans} channels in {group} groups")
-    outs = outs_g * group
-    if b is not None:
-        _check_bias(b, outs)
-    kernel = w.shape[2:]
-    taps = math.prod(kernel)
-    cg = chans // group
-    if tuple(kernel) == tuple(strides) and not any(pads) and not any(output_padding) \
-            and all(d == 1 for d in dilations):
-        return _runtime_depth_to_space(cx, x, w, b, group)
-    try:
-        x, conv_pads = spread_input(cx, x, kernel, strides, pads, dilations, output_padding)
-    except NotLowered as e:
-        raise Fallback(str(e)) from None
-    cols, out = _im2col(cx, x, kernel, (1,) * n, conv_pads, dilations, flip=True)
-    # W [G, C/G, M/G, taps] -> [G, M/G, C/G, taps]: in and out channels swapped per group
-    a = cx.transpose(cx.reshape(w, (group, cg, outs_g, taps)), (0, 2, 1, 3))
-    a = cx.reshape(a, (outs, cg * taps) if group == 1 else (group, outs_g, cg * taps))
-    return cx.reshape(_grouped_matmul(cx, a, cols, group, b), (x.shape[0], outs) + out)
-
-
-def _runtime_depth_to_space(cx: NodeContext, x, w, b, group: int):
-    """Non-overlapping windows (kernel = strides): each input pixel times W^T gives its
-    output block's (channel, tap) values, moved to the pixels."""
-    n = x.type.rank - 2
-    batch, chans = x.shape[:2]
-    lengths = x.shape[2:]
-    kernel = w.shape[2:]
-    taps = math.prod(kernel)
-    cg, outs_g = chans // group, w.shape[1]
-    outs = outs_g * group
-    pixels = math.prod(lengths)
-    # W [G, C/G, (M/G, taps)] -> [G, (M/G, taps), C/G]
-    a = cx.transpose(cx.reshape(w, (group, cg, outs_g * taps)), (0, 2, 1))
-    if group == 1:
-        a = cx.reshape(a, (outs * taps, chans))
-        z = cx.op("matmul", a, cx.reshape(x, (batch, chans, pixels)))
-    else:
-        z = cx.op("matmul", a, cx.reshape(x, (batch, group, cg, pixels)))
-    z = cx.reshape(z, (batch, outs) + tuple(kernel) + tuple(lengths))
-    if b is not None:
-        z = cx.op("add", z, cx.reshape(b, (outs,) + (1,) * (2 * n)))
-    perm = (0, 1) + tuple(p for i in range(n) for p in (2 + n + i, 2 + i))
-    z = cx.op("transpose", z, perm=perm)
-    return cx.reshape(z, (batch, outs) + tuple(l * t for l, t in zip(lengths, kernel)))
 
 
 def _transposed_pads(cx: NodeContext, in_dims, kernel, strides, dilations, out_pad) -> list:
@@ -400,13 +232,66 @@ def _transposed_pads(cx: NodeContext, in_dims, kernel, strides, dilations, out_p
 
 @converter("MaxPool", 1)
 def convert_max_pool(cx: NodeContext):
-    if cx.wants_output(1):
-        raise Fallback("MaxPool's Indices output is not expressible in braze's IR")
-    if cx.attr("storage_order", 0):
-        raise Fallback("MaxPool storage_order=1")
+    """The IR's max_pool; integers of up to 16 bits pooled as float32 (exact; the pool
+    kernels are float); with the Indices output wanted, importers/pool_indices.py."""
+    x = cx.x
     kernel = list(cx.attr("kernel_shape"))
-    attrs = _window_attrs(cx, cx.x.shape[2:], kernel)
-    return [cx.op("max_pool", cx.x, kernel=tuple(kernel), **attrs)]
+    attrs = _window_attrs(cx, x.shape[2:], kernel)
+    if cx.wants_output(1):
+        return list(_max_pool_with_indices(cx, kernel, attrs))
+    if x.dtype in _POOLED_AS_F32:
+        y = cx.op("max_pool", cx.cast(x, "f32"), kernel=tuple(kernel), **attrs)
+        return [cx.cast(y, x.dtype)]
+    return [cx.op("max_pool", x, kernel=tuple(kernel), **attrs)]
+
+
+# Integer dtypes float32 holds exactly, whose max pooling runs on the float kernels.
+_POOLED_AS_F32 = ("u8", "i8", "u16", "i16")
+
+
+def _max_pool_with_indices(cx: NodeContext, kernel, attrs: dict):
+    """(Y, Indices): the indices flat over the whole N, C, spatial tensor, the spatial
+    dims row-major (storage_order 0) or column-major (1), as onnxruntime computes them
+    (strictly greater: the first maximum; its NaN is not taken)."""
+    from importers import pool_indices
+
+    x = cx.x
+    n = x.type.rank - 2
+    dims = x.shape[2:]
+    out = window_out_dims(dims, kernel, attrs["strides"], attrs["pads"], attrs["dilations"],
+                          cx.describe)
+    windows = [pool_indices.regular(dims[i], out[i], kernel[i], attrs["strides"][i],
+                                    attrs["pads"][i], attrs["dilations"][i])
+               for i in range(n)]
+    strides = pool_indices.plane_strides(dims, column_major=bool(cx.attr("storage_order", 0)))
+    with lowering(Fallback):
+        y, at = pool_indices.max_with_indices(cx, x, windows, strides, nan_wins=False)
+    plane = math.prod(dims)
+    planes = np.arange(x.shape[0] * x.shape[1], dtype=np.int64) * plane
+    at = cx.op("add", at, cx.const(planes.reshape(tuple(x.shape[:2]) + (1,) * n)))
+    return y, at
+
+
+@converter("MaxUnpool", 9)
+def convert_max_unpool(cx: NodeContext):
+    """Zeros of the output shape (given, or (in - 1) * stride + kernel - pads per spatial
+    dim) with Y.flat[I] = X: the IR's scatter at the flat positions I (an index out of
+    range is reported at run time)."""
+    from importers.scatter import flat_scatter
+
+    x, idx = cx.x, cx.input(1)
+    n = x.type.rank - 2
+    kernel = list(cx.attr("kernel_shape"))
+    strides = list(cx.attr("strides", [1] * n))
+    pads = list(cx.attr("pads", [0] * (2 * n)))
+    shape = cx.ints_input(2, "output_shape")
+    if shape is None:
+        shape = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * strides[i] + kernel[i] - pads[i]
+                                     - pads[n + i] for i in range(n)]
+    if not x.type.static or tuple(idx.shape) != tuple(x.shape) or len(shape) != n + 2:
+        raise Fallback(f"MaxUnpool of {x.type} at {idx.type} into {shape}")
+    zeros = cx.op("broadcast", cx.scalar(0, x.dtype), shape=tuple(shape))
+    return [flat_scatter(cx, zeros, cx.cast(idx, "i64"), x)]
 
 
 @converter("AveragePool", 1)

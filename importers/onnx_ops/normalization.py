@@ -3,7 +3,10 @@
 BatchNormalization (inference) is y = x * s + t with per-channel
     s = gamma / sqrt(var + eps),  t = beta - mean * s
 computed from the constants at import (folded), shaped (C, 1, ..., 1), so the
-fold pass can merge the mul and add into a preceding Conv or Gemm.
+fold pass can merge the mul and add into a preceding Conv or Gemm. In training
+mode (schema version 14 on) it normalizes with the batch's own statistics over
+every axis but the channel (mean and population variance) and returns the running
+statistics: running = input * momentum + current * (1 - momentum).
 InstanceNormalization, LayerNormalization, RMSNormalization and
 GroupNormalization normalize with mean and biased variance over their axes:
     y = (x - mean) / sqrt(var + eps) * scale + bias
@@ -21,11 +24,16 @@ def _channel_shape(x, rank_from: int = 2) -> tuple:
     return (x.shape[1],) + (1,) * (x.type.rank - rank_from)
 
 
-def _normalize(cx: NodeContext, x, axes, eps: float):
-    """((x - mean) / sqrt(var + eps), mean, 1 / sqrt(var + eps)) over `axes`."""
+def _moments(cx: NodeContext, x, axes):
+    """(x - mean, mean, biased variance) over `axes` (the statistics keep their dims)."""
     mean = cx.mean(x, axes)
     centered = cx.op("sub", x, mean)
-    var = cx.mean(cx.op("mul", centered, centered), axes)
+    return centered, mean, cx.mean(cx.op("mul", centered, centered), axes)
+
+
+def _normalize(cx: NodeContext, x, axes, eps: float):
+    """((x - mean) / sqrt(var + eps), mean, 1 / sqrt(var + eps)) over `axes`."""
+    centered, mean, var = _moments(cx, x, axes)
     inv_std = cx.op("reciprocal", cx.op("sqrt", cx.op("add", var, cx.scalar(eps, x.dtype))))
     return cx.op("mul", centered, inv_std), mean, inv_std
 
@@ -33,7 +41,7 @@ def _normalize(cx: NodeContext, x, axes, eps: float):
 @converter("BatchNormalization", 7)
 def convert_batch_norm(cx: NodeContext):
     if cx.attr("training_mode", 0):
-        raise Fallback("BatchNormalization in training mode")
+        return _batch_norm_training(cx)
     if cx.version < 9 and not cx.attr("spatial", 1):
         raise Fallback("BatchNormalization with spatial=0")
     if any(cx.wants_output(i) for i in range(1, 5)):
@@ -45,6 +53,30 @@ def convert_batch_norm(cx: NodeContext):
     scale = cx.cast(cx.reshape(scale, _channel_shape(x)), x.dtype)
     shift = cx.cast(cx.reshape(shift, _channel_shape(x)), x.dtype)
     return [cx.op("add", cx.op("mul", x, scale), shift)]
+
+
+def _batch_norm_training(cx: NodeContext):
+    """Y with the batch's statistics, and the running mean and variance (outputs 1, 2)."""
+    if any(cx.wants_output(i) for i in range(3, 5)):
+        raise Fallback("BatchNormalization's saved statistics outputs are requested")
+    x, gamma, beta, mean, var = cx.inputs[:5]
+    if x.dtype not in ("f32", "f64"):
+        raise Fallback(f"BatchNormalization in training mode over {x.dtype}")
+    centered, cur_mean, cur_var = _moments(cx, x, [0] + list(range(2, x.type.rank)))
+    eps = cx.scalar(cx.attr("epsilon", 1e-5), x.dtype)
+    inv_std = cx.op("reciprocal", cx.op("sqrt", cx.op("add", cur_var, eps)))
+    channel = (1,) + _channel_shape(x)
+    scale = cx.op("mul", inv_std, cx.reshape(cx.cast(gamma, x.dtype), channel))
+    y = cx.op("add", cx.op("mul", centered, scale),
+              cx.reshape(cx.cast(beta, x.dtype), channel))
+    momentum = cx.attr("momentum", 0.9)
+
+    def running(old, current):
+        current = cx.cast(cx.reshape(current, old.shape), old.dtype)
+        return cx.op("add", cx.op("mul", old, cx.scalar(momentum, old.dtype)),
+                     cx.op("mul", current, cx.scalar(1 - momentum, old.dtype)))
+
+    return [y, running(mean, cur_mean), running(var, cur_var)]
 
 
 @converter("InstanceNormalization", 6)

@@ -5,10 +5,18 @@
     ReduceLogSum     log(sum(x))               ReduceLogSumExp  log(sum(exp(x - m))) + m
 Axes come from an attribute, or from input 1 from ReduceSum 13 and the others 18.
 Empty axes mean "all axes", or the identity when noop_with_empty_axes is set.
+ReduceMax/ReduceMin take bools (False < True) through uint8. Over an empty set (a
+reduced dim of size 0) the spec's values are constants: ReduceMax gives -inf (the
+type's minimum for integers, False for bool), ReduceMin +inf (maximum, True),
+ReduceLogSumExp -inf.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from compiler import dtypes
+from compiler.ops.reduction import reduced_shape
 from importers.onnx_ops import Fallback, converter
 from importers.onnx_ops.context import NodeContext
 
@@ -54,14 +62,42 @@ REDUCTIONS = {
 }
 
 
+# ops whose empty-set value is not what the IR's reduction computes -> that value's kind
+_EMPTY_VALUE = {"ReduceMax": "lowest", "ReduceMin": "highest", "ReduceLogSumExp": "-inf"}
+
+
+def _empty_value(op_type: str, dtype: str):
+    """The spec's result of `op_type` over an empty set of `dtype` values."""
+    kind = _EMPTY_VALUE[op_type]
+    if dtype == "bool":
+        return kind == "highest"
+    if dtype in dtypes.FLOATS:
+        return np.inf if kind == "highest" else -np.inf
+    if kind == "-inf":
+        raise Fallback(f"{op_type} over an empty set of {dtype} (undefined in the spec)")
+    info = np.iinfo(dtypes.to_numpy(dtype))
+    return info.max if kind == "highest" else info.min
+
+
+def _reduce_empty(cx: NodeContext, op_type: str, axes, keep: bool):
+    """The constant result of a reduction over an empty set, in the output's shape."""
+    x = cx.x
+    value = cx.scalar(_empty_value(op_type, x.dtype), x.dtype)
+    return cx.op("broadcast", value, shape=reduced_shape(x.shape, axes, keep))
+
+
 def _reduction(op_type: str, fn):
     def convert(cx: NodeContext):
         axes = _axes(cx, op_type)
         if axes is None:
             return [cx.x]
-        if op_type in ("ReduceMax", "ReduceMin") and any(cx.x.shape[a] == 0 for a in axes):
-            raise Fallback(f"{op_type} over an empty axis")
-        return [fn(cx, cx.x, axes, bool(cx.attr("keepdims", 1)))]
+        keep = bool(cx.attr("keepdims", 1))
+        if op_type in _EMPTY_VALUE and any(cx.x.shape[a] == 0 for a in axes):
+            return [_reduce_empty(cx, op_type, axes, keep)]
+        if cx.x.dtype == "bool" and op_type in ("ReduceMax", "ReduceMin"):
+            y = fn(cx, cx.cast(cx.x, "u8"), axes, keep)  # False < True as 0 < 1
+            return [cx.cast(y, "bool")]
+        return [fn(cx, cx.x, axes, keep)]
 
     convert.__name__ = f"convert_{op_type.lower()}"
     return convert

@@ -9,8 +9,8 @@ linear_before_reset, which multiplies with r inside the loop (the op's `rbh`). A
 optional inputs become constants: zero states and biases, every sequence at full length,
 zero peepholes (which the kernel then leaves out). Refused, with the node left to
 onnxruntime: activation lists other than the defaults (the kernel's gate math is
-sigmoid/tanh), LSTM's input_forget, dtypes other than float32 and what the kernel
-refuses (recurrent.refusal).
+sigmoid/tanh), LSTM's input_forget, dtypes other than float32 (float16 nodes compute in
+float32: half_as_float) and what the kernel refuses (recurrent.refusal).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from importers.onnx_ops import Fallback, converter
-from importers.onnx_ops.context import NodeContext
+from importers.onnx_ops.context import NodeContext, half_as_float
 
 # per op: (IR cell, gates, its default activations per direction)
 _CELLS = {"LSTM": ("lstm", 4, ("sigmoid", "tanh", "tanh")),
@@ -134,15 +134,18 @@ def _outputs(cx: NodeContext, y, t: int, dirs: int, batch: int, hid: int, cell: 
 
 
 @converter("LSTM", 7)
+@half_as_float
 def convert_lstm(cx: NodeContext):
     return _convert(cx, "LSTM")
 
 
 @converter("GRU", 7)
+@half_as_float
 def convert_gru(cx: NodeContext):
     return _convert(cx, "GRU")
 
 
 @converter("RNN", 7)
+@half_as_float
 def convert_rnn(cx: NodeContext):
     return _convert(cx, "RNN")

@@ -43,8 +43,8 @@ def _one_node(op: str) -> Graph:
         c = g.add_input("c", TensorType("bool", (4, 8)))
         a, b = (g.add_input(n, TensorType("f32", (4, 8))) for n in "ab")
         g.outputs = [g.op("select", c, a, b)]
-    elif op == "cast":
-        g.outputs = [g.op("cast", g.add_input("x", TensorType("f32", (4, 8))), to="i32")]
+    elif op in ("cast", "bitcast"):
+        g.outputs = [g.op(op, g.add_input("x", TensorType("f32", (4, 8))), to="i32")]
     elif op in ("argmax", "argmin"):
         x = g.add_input("x", TensorType("f32", (4, 8)))
         g.outputs = [g.op(op, x, axis=1, keepdims=False)]

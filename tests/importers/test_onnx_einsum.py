@@ -58,9 +58,11 @@ def test_two_operands_are_one_matmul_between_movement_ops():
     assert set(ops) <= {"matmul", "transpose", "reshape"}, ops
 
 
-def test_ellipsis_is_spelled_in_unused_letters_and_diagonals_are_refused():
+def test_ellipsis_is_spelled_in_unused_letters_and_broadcasting_is_refused():
     terms, out = parse("...ij,...jk->...ik", [4, 3])
     assert terms[0][:2] != "ij" and terms[1][0] == terms[0][1] and out == terms[0][:2] + "ik"
-    g = import_onnx(_model("ii->i", [(3, 3)])).graph
+    g = import_onnx(_model("...ij,...jk->...ik", [(2, 3, 4), (1, 4, 5)])).graph
     (host,) = [n for n in g.nodes if n.op == "host"]
-    assert host.attrs["op_type"] == "Einsum"
+    assert host.attrs["op_type"] == "Einsum" and "(broadcasting)" in host.attrs["reason"]
+    # a diagonal (a letter repeated in one operand) converts: tests/importers/test_onnx_misc_ops.py
+    assert not [n for n in import_onnx(_model("ii->i", [(3, 3)])).graph.nodes if n.op == "host"]

@@ -162,10 +162,16 @@ def test_converter_picked_by_schema_version_never_guessed():
 
 
 def test_no_converter_gives_host_node_with_reason():
-    model = _single("DynamicQuantizeLinear", [(5,)], n_out=3, opset=11)
-    want, got, imp = _run_both(model, {"x0": _rand(5)})
+    node = helper.make_node("LinearClassifier", ["x0"], ["y0", "y1"], domain="ai.onnx.ml",
+                            classlabels_ints=[0, 1, 2], coefficients=_rand(3, 4).ravel().tolist(),
+                            intercepts=[0.1, -0.2, 0.3])
+    g = helper.make_graph([node], "g", [_vi("x0", [5, 4])],
+                          [helper.make_empty_tensor_value_info(o) for o in ("y0", "y1")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid("ai.onnx.ml", 1)])
+    want, got, imp = _run_both(model, {"x0": _rand(5, 4)})
     (node,) = [n for n in imp.graph.nodes if n.op == "host"]
-    assert node.attrs["reason"] == "no braze converter for DynamicQuantizeLinear"
+    assert node.attrs["reason"] == "no braze converter for ai.onnx.ml.LinearClassifier"
     assert [o.type for o in node.outputs] == [o.type for o in imp.graph.outputs]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w)

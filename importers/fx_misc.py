@@ -1,0 +1,122 @@
+"""aten converters with no family of their own: copysign, angle (of real tensors),
+unbind_copy, as_strided_scatter and _batch_norm_with_update_functional.
+
+  copysign(a, b) = -|a| where b's sign bit is set, else |a|
+braze's IR has no bit cast, so the sign bit is read arithmetically: b < 0, or b == 0
+and 1 / b < 0 (-0.0 sets it; 1 / -0.0 = -inf). A NaN's sign bit cannot be read that
+way: a NaN b counts as positive (torch copies the bit). A Python scalar b is read
+exactly (math.copysign).
+  angle(x) = pi where x < 0, NaN where x is NaN, else 0 (-0.0 included), real x only.
+
+as_strided_scatter(x, src, size, stride, offset) = x.clone() with
+out.as_strided(size, stride, offset) overwritten by src: the clone of a contiguous x
+is row-major, so the view's elements are flat positions known now,
+  pos[i] = offset + sum_k i_k * stride_k,
+and the result is one gather from x and src side by side (importers/scans.py,
+scatter_nd_ir). Positions written twice make torch's copy_ raise: refused.
+
+_batch_norm_with_update_functional (training-mode batch norm, torch >= 2.4's form) is
+_native_batch_norm_legit_functional's computation with training=True (its converter
+in importers/fx_nn.py), the outputs reordered: (y, save_mean, save_invstd, reserve,
+new running_mean, new running_var), reserve an empty u8 tensor on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from compiler import dtypes
+from importers.fx_context import CONVERTERS, Ctx, Fallback, converts, norm_dim
+from importers.fx_movement import slice_dim
+
+aten = torch.ops.aten
+
+
+@converts(aten.copysign.Tensor, aten.copysign.Scalar)
+def _copysign(cx: Ctx, a, b):
+    """|a| with b's sign (module doc)."""
+    dt = cx.out().dtype
+    if dt not in dtypes.FLOATS:
+        raise Fallback(f"copysign giving {dt}")
+    mag = cx.op("abs", cx.cast(a, dt))
+    if not isinstance(b, (bool, int, float)):
+        return cx.op("select", _sign_bit(cx, b), cx.op("neg", mag), mag)
+    negative = math.copysign(1.0, float(b)) < 0
+    return cx.op("neg", mag) if negative else mag
+
+
+def _sign_bit(cx: Ctx, b):
+    """Where b's sign bit is set (bool; a NaN's read as clear: module doc)."""
+    if b.dtype == "bool" or b.dtype.startswith("u"):
+        return cx.op("ne", b, b)  # all false, b's shape
+    zero = cx.scalar(0, b.dtype)
+    below = cx.op("lt", b, zero)
+    if b.dtype not in dtypes.FLOATS:
+        return below
+    minus_zero = cx.op("and", cx.op("eq", b, zero), cx.op("lt", cx.op("reciprocal", b), zero))
+    return cx.op("or", below, minus_zero)
+
+
+@converts(aten.angle.default)
+def _angle(cx: Ctx, x):
+    """The argument of a real number: 0 or pi, NaN kept (module doc)."""
+    dt = cx.out().dtype
+    if dt not in dtypes.FLOATS:
+        raise Fallback(f"angle giving {dt} (complex: braze has no complex dtype)")
+    x = cx.cast(x, dt)
+    y = cx.op("select", cx.op("lt", x, cx.scalar(0, dt)), cx.scalar(math.pi, dt),
+              cx.scalar(0.0, dt))
+    return cx.op("select", cx.op("isnan", x), x, y)
+
+
+@converts(aten.unbind_copy.int)
+def _unbind_copy(cx: Ctx, x, dim=0):
+    """One unit slice per index along dim, the dim dropped."""
+    if x.type.rank == 0:
+        raise Fallback("unbind of a 0-d tensor (torch raises)")
+    d = norm_dim(dim, x.type.rank)
+    return tuple(cx.reshape(slice_dim(cx, x, d, i, 1, 1), cx.out(i).shape)
+                 for i in range(x.shape[d]))
+
+
+@converts(aten.as_strided_scatter.default)
+def _as_strided_scatter(cx: Ctx, x, src, size, stride, storage_offset=None):
+    """src written over a strided view of x's (row-major) clone (module doc)."""
+    from importers.scans import scatter_nd_ir
+
+    fake = cx.arg_vals[0] if cx.arg_vals else None
+    if not isinstance(fake, torch.Tensor) or not fake.is_contiguous():
+        raise Fallback("as_strided_scatter into a tensor that is not contiguous (its "
+                       "clone's storage order is not the IR's)")
+    if not x.type.static or not src.type.static:
+        raise Fallback("as_strided_scatter with a dynamic shape")
+    size, stride = [int(d) for d in size], [int(s) for s in stride]
+    pos = np.full(size, int(storage_offset or 0), np.int64)
+    for k, (n, s) in enumerate(zip(size, stride)):
+        pos += (np.arange(n, dtype=np.int64) * s).reshape(
+            [-1 if j == k else 1 for j in range(len(size))])
+    if pos.size == 0:
+        return x
+    if pos.min() < 0 or pos.max() >= x.type.size:
+        raise Fallback("as_strided_scatter writes outside its input's elements (torch "
+                       "raises)")
+    if np.unique(pos).size != pos.size:
+        raise Fallback("as_strided_scatter writes one element twice (torch's copy_ "
+                       "raises)")
+    return scatter_nd_ir(cx, x, cx.reshape(cx.cast(src, x.dtype), tuple(size)), pos)
+
+
+@converts(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update(cx: Ctx, x, w, b, running_mean, running_var, momentum, eps):
+    """Training-mode batch norm with new running statistics (module doc)."""
+    train = CONVERTERS[aten._native_batch_norm_legit_functional.default]
+    y, mean, invstd, new_mean, new_var = train(cx, x, w, b, running_mean, running_var,
+                                               True, momentum, eps)
+    reserve = cx.out(3)
+    if reserve.size:
+        raise Fallback("batch norm with a non-empty reserve (a cuDNN or MIOpen workspace)")
+    empty = cx.const(np.zeros(reserve.shape, dtypes.to_numpy(reserve.dtype)))
+    return y, mean, invstd, empty, new_mean, new_var

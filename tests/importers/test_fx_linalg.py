@@ -1,0 +1,157 @@
+"""torch importer: addbmm, addmv and _cdist_forward (importers/fx_linalg.py) with
+nothing on torch, against eager: the bias broadcast, alpha and beta (beta = 0 dropping
+a NaN input), empty contractions, addbmm summed in eager's order (exactly, where terms
+cancel), cdist for p = 0, 1, 2, inf and others, each compute_mode, broadcast batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from compiler.ir import verify
+from importers.fx import import_fx
+from importers.fx_linalg import ADDBMM_CHAIN, EUCLID_MM_ROWS
+
+from tests.importers import fx_compare
+from tests.importers.fx_compare import close, compiled as _compiled
+
+seeded = fx_compare.seeded  # autouse: a fixed seed for every test here
+
+NAN, INF = float("nan"), float("inf")
+aten = torch.ops.aten
+
+_close = close
+
+
+@pytest.mark.parametrize("fn,args", [
+    (lambda c, a, b: aten.addbmm.default(c, a, b, beta=0.5, alpha=2),
+     (torch.randn(4, 5), torch.randn(3, 4, 6), torch.randn(3, 6, 5))),
+    (lambda c, m, v: aten.addmv.default(c, m, v), (torch.randn(4), torch.randn(4, 6),
+                                                   torch.randn(6))),
+    (lambda a, b: aten._cdist_forward.default(a, b, 2.0, None),
+     (torch.randn(5, 3), torch.randn(40, 3))),
+    (lambda a, b: aten._cdist_forward.default(a, b, 1.5, 2),
+     (torch.randn(2, 5, 3), torch.randn(4, 3))),
+])
+def test_imports_with_no_host_node(fn, args):
+    imp = import_fx(make_fx(fn)(*args), list(args))
+    verify(imp.graph)
+    assert not any(n.op == "host" for n in imp.graph.nodes), imp.refusals
+
+
+# -- addbmm and addmv -------------------------------------------------------------
+
+@pytest.mark.parametrize("bias_shape", [(4, 5), (1,), (5,), ()])
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.6, 0.2), (0, 1), (2, -3)])
+def test_addbmm_matches_eager(bias_shape, beta, alpha):
+    c, a, b = torch.randn(bias_shape), torch.randn(3, 4, 6), torch.randn(3, 6, 5)
+    if beta == 0:
+        c = torch.full(bias_shape, NAN)  # beta = 0: input is not read at all
+
+    def f(c, a, b):
+        return torch.addbmm(c, a, b, beta=beta, alpha=alpha)
+
+    _close(_compiled(f)(c, a, b), f(c, a, b))
+
+
+def test_addbmm_sums_in_eagers_order():
+    """Large terms that cancel: summed in another order the result is off by more
+    than float32's tolerance; in eager's order it is eager's, bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    c = torch.randn(5, 10, generator=g) * 10
+    a, b = torch.randn(5, 5, 5, generator=g) * 10, torch.randn(5, 5, 10, generator=g) * 10
+
+    def f(c, a, b):
+        return torch.addbmm(c, a, b)
+
+    _close(_compiled(f)(c, a, b), f(c, a, b), rtol=0, atol=0)
+
+
+def test_addbmm_of_many_terms_is_a_batched_matmul():
+    """Past ADDBMM_CHAIN terms the per-batch products come from one batched matmul."""
+    c, a, b = torch.randn(4, 5), torch.randn(9, 4, ADDBMM_CHAIN // 8), torch.randn(
+        9, ADDBMM_CHAIN // 8, 5)
+    ops = [n.op for n in import_fx(make_fx(torch.addbmm)(c, a, b), [c, a, b]).graph.nodes]
+    assert ops.count("matmul") == 1 and "host" not in ops
+
+    def f(c, a, b):
+        return torch.addbmm(c, a, b, alpha=0.5)
+
+    _close(_compiled(f)(c, a, b), f(c, a, b))
+
+
+def test_addbmm_of_empty_batches_and_contractions():
+    def f(c, a, b, a0, b0):
+        return torch.addbmm(c, a0, b0), torch.addbmm(c, a[:, :, :0], b[:, :0], beta=2)
+
+    args = (torch.randn(4, 5), torch.randn(3, 4, 6), torch.randn(3, 6, 5),
+            torch.randn(0, 4, 6), torch.randn(0, 6, 5))
+    _close(_compiled(f)(*args), f(*args))
+
+
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.2, 0.6), (0, 1.5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_addmv_matches_eager(beta, alpha, dtype):
+    c, m, v = (torch.randn(5, dtype=dtype), torch.randn(5, 10, dtype=dtype),
+               torch.randn(10, dtype=dtype))
+    if beta == 0:
+        c[2] = NAN
+
+    def f(c, m, v):
+        return torch.addmv(c, m, v, beta=beta, alpha=alpha), torch.addmv(c[:1], m, v)
+
+    _close(_compiled(f)(c, m, v), f(c, m, v))
+
+
+def test_addmv_of_ints_and_an_empty_vector():
+    c, m, v = torch.arange(3), torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4,))
+
+    def f(c, m, v):
+        return torch.addmv(c, m, v, beta=2, alpha=3), torch.addmv(c, m[:, :0], v[:0])
+
+    _close(_compiled(f)(c, m, v), f(c, m, v))
+
+
+# -- cdist --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, INF, 3.0, 0.5])
+@pytest.mark.parametrize("mode", ["use_mm_for_euclid_dist_if_necessary",
+                                  "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist"])
+def test_cdist_matches_eager(p, mode):
+    g = torch.Generator().manual_seed(0)
+    x1, x2 = torch.randn(2, 6, 4, generator=g), torch.randn(2, 7, 4, generator=g)
+    if not (p == 2 and mode == "use_mm_for_euclid_dist"):
+        # (by products, a zero distance is sqrt of a cancellation's rounding: ~1e-3
+        # in eager and in braze alike, but not the same one)
+        x2[0, 1] = x1[0, 2]  # a zero distance
+    x1[1, 3, 0] = x2[1, 4, 0]  # a zero difference in one coordinate (p = 0 counts)
+
+    def f(a, b):
+        return torch.cdist(a, b, p=p, compute_mode=mode)
+
+    _close(_compiled(f)(x1, x2), f(x1, x2))
+
+
+@pytest.mark.parametrize("rows", [EUCLID_MM_ROWS, EUCLID_MM_ROWS + 1])
+def test_cdist_takes_torchs_branch_by_row_count(rows):
+    """Past EUCLID_MM_ROWS rows the default mode takes the matrix-product path, as
+    torch does (it rounds differently from the differences)."""
+    g = torch.Generator().manual_seed(1)
+    x1, x2 = torch.randn(rows, 8, generator=g) * 3, torch.randn(5, 8, generator=g) * 3
+
+    def f(a, b):
+        return torch.cdist(a, b)
+
+    _close(_compiled(f)(x1, x2), f(x1, x2))
+
+
+def test_cdist_broadcasts_batches_and_handles_empty_inputs():
+    g = torch.Generator().manual_seed(2)
+    x1, x2 = torch.randn(3, 1, 5, 2, generator=g), torch.randn(4, 6, 2, generator=g)
+
+    def f(a, b):
+        return (torch.cdist(a, b, p=1.0), torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"),
+                torch.cdist(a[..., :0], b[..., :0]), torch.cdist(a[:, :, :0], b))
+
+    _close(_compiled(f)(x1, x2), f(x1, x2))
