@@ -153,16 +153,20 @@ class ElementEmitter:
     def _div(self, n, idx):
         """x / y; where y is fixed for the whole row of a row kernel (softmax's sum, layer
         norm's deviation) or a scalar constant, through r = 1 / y (one division per row,
-        hoisted out of the loop): q = x * r, then one correction step (Markstein's),
-        q + (x - q * y) * r with the residual exact in an FMA, which is x / y correctly
-        rounded wherever nothing overflows or underflows (a quantizer's x / scale rounds
-        as the division does). Where the residual is not finite (x or y infinite, y zero,
-        x / y overflowing) q is already the quotient. Without FMA (SSE targets) the residual is rounded and the
+        hoisted out of the loop) and q = x * r, within an ulp of the quotient (what torch's
+        and onnxruntime's softmax and norms compute too). By a constant, where a framework
+        divides (x / 255, a quantizer's x / scale, which must round as the division does),
+        one correction step follows (Markstein's): q + (x - q * y) * r, the residual exact
+        in an FMA, is x / y correctly rounded wherever nothing overflows or underflows;
+        where the residual is not finite (x or y infinite, y zero, x / y overflowing) q is
+        already the quotient. Without FMA (SSE targets) the residual is rounded and the
         result within an ulp."""
         out = n.outputs[0]
         x, y = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)
         if out.dtype in dtypes.FLOATS and self._row_invariant(n.inputs[1]):
-            return _divide_by_reciprocal(self.b, x, y)
+            divisor = n.inputs[1].producer
+            exact = divisor is not None and divisor.op == "const"
+            return _divide_by_reciprocal(self.b, x, y, exact)
         self._note_zero_divisor(n, y)
         return ops_llvm.emit(self.b, n, [x, y])
 
@@ -422,16 +426,19 @@ def scalar_constant(x, dtype: str) -> ir.Constant:
     return ir.Constant(t, int(x))
 
 
-def _divide_by_reciprocal(b: ir.IRBuilder, x, y):
-    """x / y from y's reciprocal (ElementEmitter._div)."""
+def _divide_by_reciprocal(b: ir.IRBuilder, x, y, exact: bool):
+    """x / y from y's reciprocal, corrected to the exact quotient if `exact`
+    (ElementEmitter._div)."""
+    r = b.fdiv(ir.Constant(y.type, 1.0), y)
+    q = b.fmul(x, r)
+    if not exact:
+        return q
     t = x.type
     element = t.element if isinstance(t, ir.VectorType) else t
     suffix = (f"v{t.count}" if isinstance(t, ir.VectorType) else "") + \
         ("f64" if element == ir.DoubleType() else "f32")
     fmuladd = declare(b.module, f"llvm.fmuladd.{suffix}", t, [t, t, t])
     fabs = declare(b.module, f"llvm.fabs.{suffix}", t, [t])
-    r = b.fdiv(ir.Constant(y.type, 1.0), y)
-    q = b.fmul(x, r)
     residual = b.call(fmuladd, [b.fneg(q), y, x])
     corrected = b.call(fmuladd, [residual, r, q])
     finite = b.fcmp_ordered("<", b.call(fabs, [residual]), ir.Constant(t, float("inf")))
