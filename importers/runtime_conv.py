@@ -57,10 +57,11 @@ def _checks(x, w, b) -> None:
     for v in (x, w) + ((b,) if b is not None else ()):
         if not v.type.static:
             raise NotLowered(f"a run-time conv weight with symbolic dims ({v.type})")
-    if x.dtype not in ("f32", "f64") or w.dtype != x.dtype or (b is not None
+    # (f16: the matmul and slices are computed as f32 by compiler/passes/widen.py)
+    if x.dtype not in ("f16", "f32", "f64") or w.dtype != x.dtype or (b is not None
                                                                 and b.dtype != x.dtype):
-        raise NotLowered(f"a run-time conv weight over {x.dtype} x {w.dtype}: float32 or "
-                         f"float64 only")
+        raise NotLowered(f"a run-time conv weight over {x.dtype} x {w.dtype}: one float "
+                         f"type (16, 32 or 64 bits) throughout")
     if x.type.rank < 3 or w.type.rank != x.type.rank:
         raise NotLowered(f"input {x.shape} and weight {w.shape} ranks")
     if 0 in x.shape or 0 in w.shape:
