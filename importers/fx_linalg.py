@@ -1,5 +1,5 @@
-"""aten converters for matrix products with a bias and for pairwise distances: addbmm,
-addmv and _cdist_forward (torch.cdist).
+"""aten converters for matrix products with a bias and for distances: addbmm, addmv,
+_cdist_forward (torch.cdist), _pdist_forward (torch.pdist) and dist.
 
   addbmm(input, A, B) = beta * input + alpha * sum_b sum_k A[b, :, k] B[b, k, :]
 added one outer product after another onto beta * input: the order of torch's loop
@@ -124,6 +124,52 @@ def _cdist(cx: Ctx, x1, x2, p, compute_mode=None):
               cx.reshape(x2, x2.shape[:-2] + (1,) + x2.shape[-2:]))
     y = _norm_of_last(cx, d, p)
     return y if tuple(y.shape) == tuple(out.shape) else cx.op("broadcast", y, shape=out.shape)
+
+
+@converts(aten.dist.default)
+def _dist(cx: Ctx, a, b, p=2):
+    """torch.dist: the p-norm of a - b (broadcast) over all its elements, as torch.norm
+    computes it: p = 0 counts the nonzero differences (NaN among them), p = -inf is the
+    smallest |d|, other p as `_norm_of_last`."""
+    out = cx.out()
+    if out.dtype not in dtypes.FLOATS or not isinstance(p, (int, float)) or math.isnan(p):
+        raise Fallback(f"dist of {out.dtype} with p={p!r}")
+    d = cx.op("sub", a, b) if a.shape == b.shape else cx.op("sub", *_broadcast(cx, a, b))
+    if d.type.size == 0:
+        return cx.const(np.zeros((), dtypes.to_numpy(out.dtype)))
+    flat = cx.reshape(d, (d.type.size,))
+    if p == 0:
+        nonzero = cx.op("cast", cx.op("ne", flat, cx.scalar(0.0, flat.dtype)), to=flat.dtype)
+        return cx.op("reduce_sum", nonzero, axes=(0,), keepdims=False)
+    if math.isinf(p) and p < 0:
+        return cx.op("reduce_min", cx.op("abs", flat), axes=(0,), keepdims=False)
+    return _norm_of_last(cx, flat, float(p))
+
+
+@converts(aten._pdist_forward.default)
+def _pdist(cx: Ctx, x, p=2):
+    """torch.pdist: ||x[i] - x[j]||_p for i < j, row-major over the pairs (the upper
+    triangle of cdist(x, x) without its diagonal): every pair's norm (`_norm_of_last`,
+    torch's pdist kernel computes p = 2 directly, never by matrix products), then one
+    gather of the N (N - 1) / 2 upper-triangle positions."""
+    out = cx.out()
+    if out.dtype not in dtypes.FLOATS or p < 0 or math.isnan(p):
+        raise Fallback(f"pdist of {out.dtype} with p={p!r}")
+    n, m = x.shape
+    if out.size == 0:
+        return cx.const(np.zeros(out.shape, dtypes.to_numpy(out.dtype)))
+    if m == 0:
+        return cx.const(np.zeros(out.shape, dtypes.to_numpy(out.dtype)))
+    d = cx.op("sub", cx.reshape(x, (n, 1, m)), cx.reshape(x, (1, n, m)))
+    pairs = cx.reshape(_norm_of_last(cx, d, float(p)), (n * n,))
+    i, j = np.triu_indices(n, k=1)
+    return cx.op("gather", pairs, cx.const((i * n + j).astype(np.int64)), axis=0)
+
+
+def _broadcast(cx: Ctx, a, b):
+    """a and b broadcast to their common shape."""
+    shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    return [v if v.shape == shape else cx.op("broadcast", v, shape=shape) for v in (a, b)]
 
 
 def _norm_of_last(cx: Ctx, d, p: float):

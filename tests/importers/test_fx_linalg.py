@@ -33,6 +33,8 @@ _close = close
      (torch.randn(5, 3), torch.randn(40, 3))),
     (lambda a, b: aten._cdist_forward.default(a, b, 1.5, 2),
      (torch.randn(2, 5, 3), torch.randn(4, 3))),
+    (lambda a, b: aten.dist.default(a, b, 3), (torch.randn(4, 5), torch.randn(5))),
+    (lambda x: aten._pdist_forward.default(x, 2.0), (torch.randn(6, 3),)),
 ])
 def test_imports_with_no_host_node(fn, args):
     imp = import_fx(make_fx(fn)(*args), list(args))
@@ -155,3 +157,34 @@ def test_cdist_broadcasts_batches_and_handles_empty_inputs():
                 torch.cdist(a[..., :0], b[..., :0]), torch.cdist(a[:, :, :0], b))
 
     _close(_compiled(f)(x1, x2), f(x1, x2))
+
+
+# -- dist and pdist ---------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [0, 1, 2, 3.5, INF, -INF, 0.5])
+def test_dist_matches_eager(p):
+    """torch.dist over broadcast operands, with zeros, a NaN-free and a NaN input."""
+    a, b = torch.randn(3, 4, 5), torch.randn(4, 5)
+    a[0, 0, :2] = b[0, :2]  # some differences are exactly 0 (p = 0 counts the others)
+
+    def f(a, b):
+        return torch.dist(a, b, p)
+
+    _close(_compiled(f)(a, b), f(a, b))
+    a[1, 2, 3] = NAN
+    _close(_compiled(f)(a, b), f(a, b))
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 1.5, INF])
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_pdist_matches_eager(p, n):
+    """torch.pdist: the upper triangle of the pairwise distances, row-major; a repeated
+    row gives exact zeros."""
+    x = torch.randn(n, 4)
+    if n > 2:
+        x[2] = x[0]
+
+    def f(x):
+        return torch.nn.functional.pdist(x, p)
+
+    _close(_compiled(f)(x), f(x))
