@@ -2,10 +2,10 @@
 unbind_copy, as_strided_scatter and _batch_norm_with_update_functional.
 
   copysign(a, b) = -|a| where b's sign bit is set, else |a|
-braze's IR has no bit cast, so the sign bit is read arithmetically: b < 0, or b == 0
-and 1 / b < 0 (-0.0 sets it; 1 / -0.0 = -inf). A NaN's sign bit cannot be read that
-way: a NaN b counts as positive (torch copies the bit). A Python scalar b is read
-exactly (math.copysign).
+A float b's sign bit is read through a bitcast to the signed integer of its width
+(negative where the bit is set: -0.0 and a NaN with its sign bit set included, as
+torch copies the bit); an integer b's is b < 0. A Python scalar b is read exactly
+(math.copysign).
   angle(x) = pi where x < 0, NaN where x is NaN, else 0 (-0.0 included), real x only.
 
 as_strided_scatter(x, src, size, stride, offset) = x.clone() with
@@ -48,16 +48,19 @@ def _copysign(cx: Ctx, a, b):
     return cx.op("neg", mag) if negative else mag
 
 
+# a float dtype -> the signed integer of its width (its sign bit is the integer's)
+_BITS = {"f16": "i16", "f32": "i32", "f64": "i64"}
+
+
 def _sign_bit(cx: Ctx, b):
-    """Where b's sign bit is set (bool; a NaN's read as clear: module doc)."""
+    """Where b's sign bit is set (bool; module doc)."""
     if b.dtype == "bool" or b.dtype.startswith("u"):
         return cx.op("ne", b, b)  # all false, b's shape
-    zero = cx.scalar(0, b.dtype)
-    below = cx.op("lt", b, zero)
-    if b.dtype not in dtypes.FLOATS:
-        return below
-    minus_zero = cx.op("and", cx.op("eq", b, zero), cx.op("lt", cx.op("reciprocal", b), zero))
-    return cx.op("or", below, minus_zero)
+    if b.dtype in dtypes.FLOATS:
+        if b.dtype not in _BITS:
+            raise Fallback(f"copysign by {b.dtype}")
+        b = cx.op("bitcast", b, to=_BITS[b.dtype])
+    return cx.op("lt", b, cx.scalar(0, b.dtype))
 
 
 @converts(aten.angle.default)

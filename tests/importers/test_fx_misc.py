@@ -79,6 +79,19 @@ def test_copysign_by_a_python_scalar(b):
     assert torch.equal(torch.signbit(got), torch.signbit(want))
 
 
+def test_copysign_copies_a_nans_sign_bit():
+    """A NaN b with its sign bit set makes the result negative, as torch copies the bit
+    (read through a bitcast, in float32 and float64)."""
+    for dtype in (torch.float32, torch.float64):
+        a = torch.tensor([1.0, -2.0, 3.0, -4.0], dtype=dtype)
+        b = torch.tensor([NAN, NAN, NAN, NAN], dtype=dtype)
+        b[:2] = -b[:2]  # a NaN with its sign bit set
+        assert torch.signbit(b).tolist() == [True, True, False, False]
+        got, want = _compiled(torch.copysign)(a, b), torch.copysign(a, b)
+        _close(got, want, rtol=0, atol=0)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
 def test_copysign_promotes_ints_to_float():
     a, b = torch.tensor([3, -4, 0, 5]), torch.tensor([-1, 2, -7, 0])
 
