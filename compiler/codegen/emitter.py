@@ -17,7 +17,6 @@ from llvmlite import ir
 from compiler import dtypes
 from compiler.codegen import faults, ops_llvm
 from compiler.codegen.ops_llvm import I1, I64, llvm_type, storage_type
-from compiler.codegen.symbols import declare
 from compiler.ir import IRError, Value
 from compiler.ops import Family
 
@@ -434,11 +433,8 @@ def _divide_by_reciprocal(b: ir.IRBuilder, x, y, exact: bool):
     if not exact:
         return q
     t = x.type
-    element = t.element if isinstance(t, ir.VectorType) else t
-    suffix = (f"v{t.count}" if isinstance(t, ir.VectorType) else "") + \
-        ("f64" if element == ir.DoubleType() else "f32")
-    fmuladd = declare(b.module, f"llvm.fmuladd.{suffix}", t, [t, t, t])
-    fabs = declare(b.module, f"llvm.fabs.{suffix}", t, [t])
+    fmuladd = ops_llvm.intrinsic(b, "llvm.fmuladd", t, 3)
+    fabs = ops_llvm.intrinsic(b, "llvm.fabs", t)
     residual = b.call(fmuladd, [b.fneg(q), y, x])
     corrected = b.call(fmuladd, [residual, r, q])
     finite = b.fcmp_ordered("<", b.call(fabs, [residual]), ir.Constant(t, float("inf")))

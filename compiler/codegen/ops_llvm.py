@@ -55,14 +55,16 @@ def _type_suffix(t: ir.Type) -> str:
     return "f32" if t == F32 else "f64"
 
 
-def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, arity: int = 1, ret=None):
+def intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, arity: int = 1, ret=None):
+    """The declaration of `name` (an llvm.* intrinsic, suffixed for float type t, vectors
+    too; or a libm function) taking `arity` operands of type t, as the target calls it."""
     full = f"{name}.{_type_suffix(t)}" if name.startswith("llvm.") else name
     return declare(b.module, _math_symbol(b.module, full), ret or t, [t] * arity)
 
 
 def _libm(b, name: str, t, x):
     """A scalar libm call (sinf / sin ...): exact but not vectorized."""
-    return b.call(_intrinsic(b, name + ("f" if t == F32 else ""), t), [x])
+    return b.call(intrinsic(b, name + ("f" if t == F32 else ""), t), [x])
 
 
 def _frem(b, x, y):
@@ -70,7 +72,7 @@ def _frem(b, x, y):
     expansion, x - trunc(x / y) * y, is not exact)."""
     if not _is_nvptx(b.module):
         return b.frem(x, y)
-    return b.call(_intrinsic(b, "fmodf" if x.type == F32 else "fmod", x.type, 2), [x, y])
+    return b.call(intrinsic(b, "fmodf" if x.type == F32 else "fmod", x.type, 2), [x, y])
 
 
 # -- targets without a C math library -------------------------------------------
@@ -117,14 +119,14 @@ def _unary_float(b, op: str, dtype: str, x):
     if dtype == "f32" and op in FAST_F32:
         return FAST_F32[op](b, x)
     if op in _INTRINSIC:
-        return b.call(_intrinsic(b, _INTRINSIC[op], t), [x])
+        return b.call(intrinsic(b, _INTRINSIC[op], t), [x])
     if op == "exp":
-        return b.call(_intrinsic(b, "llvm.exp", t), [x])
+        return b.call(intrinsic(b, "llvm.exp", t), [x])
     if op == "log":
-        return b.call(_intrinsic(b, "llvm.log", t), [x])
+        return b.call(intrinsic(b, "llvm.log", t), [x])
     if op == "sigmoid":
         one = ir.Constant(t, 1.0)
-        e = b.call(_intrinsic(b, "llvm.exp", t), [b.fneg(x)])
+        e = b.call(intrinsic(b, "llvm.exp", t), [b.fneg(x)])
         return b.fdiv(one, b.fadd(one, e))
     if op in _LIBM:
         return _libm(b, op, t, x)
@@ -139,7 +141,7 @@ def _unary_float(b, op: str, dtype: str, x):
     if op == "isnan":
         return b.fcmp_unordered("uno", x, x)
     if op == "isinf":
-        ax = b.call(_intrinsic(b, "llvm.fabs", t), [x])
+        ax = b.call(intrinsic(b, "llvm.fabs", t), [x])
         return b.fcmp_ordered("==", ax, ir.Constant(t, math.inf))
     raise IRError(f"no float emitter for {op}")
 
@@ -174,9 +176,9 @@ def binary_float(b, op: str, x, y):
         return getattr(b, _FBIN[op])(x, y)
     if op in ("max", "min"):
         name = "llvm.maximum" if op == "max" else "llvm.minimum"
-        return b.call(_intrinsic(b, name, t, 2), [x, y])
+        return b.call(intrinsic(b, name, t, 2), [x, y])
     if op == "pow":
-        return b.call(_intrinsic(b, "llvm.pow", t, 2), [x, y])
+        return b.call(intrinsic(b, "llvm.pow", t, 2), [x, y])
     if op == "fmod":
         return _frem(b, x, y)
     if op == "mod":  # Python: result has the divisor's sign
@@ -293,21 +295,12 @@ def _to_f32_odd(b, x):
     near = b.fptrunc(x, _like(x, F32))
     exact = b.fcmp_unordered("==", b.fpext(near, x.type), x)  # NaN: keep as is
     bits = b.bitcast(near, i32)
-    away = b.fcmp_ordered(">", _abs(b, b.fpext(near, x.type)), _abs(b, x))
-    one = _splat_int(i32, 1)
+    fabs = intrinsic(b, "llvm.fabs", x.type)
+    away = b.fcmp_ordered(">", b.call(fabs, [b.fpext(near, x.type)]), b.call(fabs, [x]))
+    one = ir.Constant(i32, 1)  # (a vector type splats it)
     toward_zero = b.select(away, b.sub(bits, one), bits)
     odd = b.bitcast(b.or_(toward_zero, one), near.type)
     return b.select(exact, near, odd)
-
-
-def _abs(b, x):
-    return b.call(_intrinsic(b, "llvm.fabs", x.type), [x])
-
-
-def _splat_int(t: ir.Type, value: int):
-    if isinstance(t, ir.VectorType):
-        return ir.Constant(t, [ir.Constant(t.element, value)] * t.count)
-    return ir.Constant(t, value)
 
 
 # -- dispatch --------------------------------------------------------------------

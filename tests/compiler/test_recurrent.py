@@ -12,6 +12,7 @@ from compiler.codegen import compile_graph
 from compiler.ir import Graph, TensorType
 from compiler.kernels import choice, recurrent
 from runtime.cpu import CpuStep
+from tests.compiler.host_forms import host_results
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 
@@ -87,19 +88,11 @@ def test_host_forms_match_reference(cell, direction, kw):
     """Where braze does not compile a recurrence (the CUDA target), the host runs it:
     onnxruntime through its ONNX export (the ONNX op on the projected input), torch by
     the reference."""
-    ort = pytest.importorskip("onnxruntime")
-    torch = pytest.importorskip("torch")
-    from runtime.fallback_onnx import export_onnx
-    from runtime.fallback_torch import TorchHostStep
-
     g, arrays = _graph(cell, direction, 6, 3, 20, **kw)
     want = _reference(g, arrays)
-    sess = ort.InferenceSession(export_onnx(g).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-    got, = sess.run(None, {v.name: a for v, a in zip(g.inputs, arrays)})
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
-    got, = TorchHostStep(g, {})([torch.from_numpy(a) for a in arrays])
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+    on_ort, on_torch = host_results(g, arrays)
+    np.testing.assert_allclose(on_ort, want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(on_torch, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("cell,hid,kw", [("lstm", 128, {"peep": True}), ("rnn", 256, {}),

@@ -15,10 +15,11 @@ def seeded():
     torch.manual_seed(0)
 
 
-def compiled(fn):
-    """`fn` through torch.compile(backend="braze") with allow_fallback=False, strict."""
+def compiled(fn, options=OPTS):
+    """`fn` through torch.compile(backend="braze"), by default with allow_fallback=False,
+    strict."""
     torch._dynamo.reset()
-    return torch.compile(fn, backend="braze", dynamic=False, options=OPTS)
+    return torch.compile(fn, backend="braze", dynamic=False, options=options)
 
 
 def close(got, want, **tol):

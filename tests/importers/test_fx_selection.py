@@ -12,20 +12,14 @@ import torch
 from importers.fx_selection import ROUNDS_FIRST
 from importers.selection import SORT_MAX_N, TOPK_MAX_K
 
-OPTS = {"allow_fallback": False, "strict": True}
+from tests.importers.fx_compare import OPTS, close, compiled as _compiled
+
 NAN, INF = float("nan"), float("inf")
-
-
-def _compiled(fn, options=OPTS):
-    torch._dynamo.reset()
-    return torch.compile(fn, backend="braze", dynamic=False, options=options)
 
 
 def _same(got, want):
     """Equal values, NaN where NaN, dtypes and shapes too."""
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
-        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+    close(got, want, rtol=0, atol=0)
 
 
 def _pool(n, generator):
