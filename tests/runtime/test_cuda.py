@@ -39,7 +39,8 @@ def _check(got: list, want: list, names) -> None:
 def _cuda(arrays: list) -> list:
     import torch
 
-    return [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in arrays]
+    # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d)
+    return [torch.from_numpy(np.require(a, requirements="C")).cuda() for a in arrays]
 
 
 # -- on a GPU ---------------------------------------------------------------------
