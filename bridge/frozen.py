@@ -7,10 +7,12 @@ Three checks, all on every call of a graph with frozen weights:
 3. a fingerprint: for in-place writes that bump no version counter (through
    `p.data`: `p.data.mul_(2)`, `p.data.copy_(w)`, `p.data[:] = w`, EMA updates),
    SAMPLES elements of each weight, its first SAMPLES / 2 and its last SAMPLES / 2
-   (all of a smaller one), compared byte for byte with their values when compiled. The
-   bytes' addresses are listed once; one call of a small compiled function reads and
-   compares them all (one `torch.cat` of the samples cost ~0.3 ms and a Python loop
-   over them more).
+   (all of a smaller one), compared with their values when compiled, as the 8-byte
+   words that cover them (at least one word at each end; a weight under 8 bytes byte
+   by byte). The words' addresses are listed once; one call of a small compiled
+   function reads and compares them all (one `torch.cat` of the samples cost ~0.3 ms
+   and a Python loop over them more; reading the same samples a byte at a time, 8384
+   addresses on mobilenet_v2, ~0.12 ms on cold caches, words ~0.06 ms).
 
 Each sampled stretch is one or two cache lines on one or two pages, whatever the
 weight's size: the check runs right after the previous call's kernels have evicted
@@ -38,6 +40,8 @@ import torch
 # Elements sampled per weight (half at each end; all of a weight this small): a
 # whole-tensor update changes them all.
 SAMPLES = 8
+# The fingerprint reads 8-byte words (a weight smaller than that byte by byte).
+WORD = 8
 
 _VERSION = operator.attrgetter("_version")
 
@@ -85,30 +89,62 @@ class Fingerprint:
     block) through a copy each time."""
 
     def __init__(self, tensors: list):
-        addresses = []
+        words, single = [], []
         self._views = []
         self._copied = []
         for t in tensors:
             if not isinstance(t, torch.Tensor) or t.numel() == 0:
                 continue
-            flat = _flat_view(t) if t.device.type == "cpu" else None
+            flat = _flat_view(t) if t.is_cpu else None
             if flat is None:
                 self._copied.append(t)
+                continue
+            self._views.append(flat)
+            nbytes = flat.numel() * flat.element_size()
+            at = np.uint64(flat.data_ptr())
+            if nbytes < WORD:
+                single.append(at + np.arange(nbytes, dtype=np.uint64))
             else:
-                self._views.append(flat)
-                addresses.append(_sample_addresses(flat))
-        self._addresses = np.concatenate(addresses) if addresses else np.zeros(0, np.uint64)
-        self._bytes = np.empty(len(self._addresses), np.uint8)
-        native().gather(self._addresses.ctypes.data, self._bytes.ctypes.data,
-                        len(self._addresses))
+                span = (SAMPLES // 2) * flat.element_size()
+                words.append(at + _word_offsets(nbytes, span))
+        self._words = _table(words)
+        self._bytes = _table(single)
+        self._seen_words = np.empty(len(self._words), np.uint64)
+        self._seen_bytes = np.empty(len(self._bytes), np.uint8)
+        lib = native()
+        lib.gather_words(self._words.ctypes.data, self._seen_words.ctypes.data,
+                         len(self._words))
+        lib.gather_bytes(self._bytes.ctypes.data, self._seen_bytes.ctypes.data,
+                         len(self._bytes))
         self._copies = [_samples(t) for t in self._copied]
 
     def same(self) -> bool:
-        n = len(self._addresses)
-        if native().first_difference(self._addresses.ctypes.data, self._bytes.ctypes.data,
+        lib, n, m = native(), len(self._words), len(self._bytes)
+        if lib.first_word_difference(self._words.ctypes.data, self._seen_words.ctypes.data,
                                      n) != n:
             return False
+        if m and lib.first_byte_difference(self._bytes.ctypes.data,
+                                           self._seen_bytes.ctypes.data, m) != m:
+            return False
         return all(map(torch.equal, map(_samples, self._copied), self._copies))
+
+    def sampled_bytes(self) -> int:
+        """How many distinct bytes of the tensors read in place are compared."""
+        covered = {int(a) + k for a in self._words for k in range(WORD)}
+        return len(covered) + len(self._bytes)
+
+
+def _table(parts: list) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+
+def _word_offsets(nbytes: int, span: int) -> np.ndarray:
+    """Offsets of the 8-byte words that cover the first and the last `span` bytes of
+    `nbytes` (>= WORD) bytes: a word at each end at least, none past the end."""
+    span = min(max(span, WORD), nbytes)
+    heads = list(range(0, span - WORD, WORD)) + [span - WORD]
+    offsets = sorted(set(heads + [nbytes - span + o for o in heads]))
+    return np.array(offsets, dtype=np.uint64)
 
 
 def _flat_view(t: torch.Tensor) -> torch.Tensor | None:
@@ -134,13 +170,6 @@ def _sample_indices(n: int) -> np.ndarray:
     return np.concatenate([np.arange(half), np.arange(n - half, n)]).astype(np.uint64)
 
 
-def _sample_addresses(flat: torch.Tensor) -> np.ndarray:
-    """The address of every byte of the sampled elements of a dense 1-D CPU tensor."""
-    size = flat.element_size()
-    at = flat.data_ptr() + _sample_indices(flat.numel()) * np.uint64(size)
-    return (at[:, None] + np.arange(size, dtype=np.uint64)).reshape(-1)
-
-
 def _samples(t: torch.Tensor) -> torch.Tensor:
     """The sampled elements of any tensor, as bytes (a fresh copy)."""
     flat = t.detach().reshape(-1)
@@ -148,11 +177,12 @@ def _samples(t: torch.Tensor) -> torch.Tensor:
     return flat[idx].contiguous().view(torch.uint8)
 
 
-# gather(addresses, out, n): out[i] = *addresses[i]; first_difference(addresses, seen, n):
-# the first i where *addresses[i] != seen[i], else n. Addresses are loaded as pointers
-# from the table (no integer-to-pointer casts), bytes read one at a time.
-_NATIVE_IR = """
-define void @gather(ptr %addrs, ptr %out, i64 %n) {
+# gather_T(addresses, out, n): out[i] = *addresses[i]; first_T_difference(addresses,
+# seen, n): the first i where *addresses[i] != seen[i], else n; T is an unaligned i64
+# (words) or an i8 (bytes). Addresses are loaded as pointers from the table (no
+# integer-to-pointer casts).
+_NATIVE_TEMPLATE = """
+define void @gather_{name}(ptr %addrs, ptr %out, i64 %n) {{
 entry:
   %empty = icmp eq i64 %n, 0
   br i1 %empty, label %exit, label %loop
@@ -160,17 +190,17 @@ loop:
   %i = phi i64 [ 0, %entry ], [ %next, %loop ]
   %slot = getelementptr ptr, ptr %addrs, i64 %i
   %p = load ptr, ptr %slot
-  %b = load i8, ptr %p
-  %dst = getelementptr i8, ptr %out, i64 %i
-  store i8 %b, ptr %dst
+  %v = load {ty}, ptr %p, align 1
+  %dst = getelementptr {ty}, ptr %out, i64 %i
+  store {ty} %v, ptr %dst
   %next = add i64 %i, 1
   %more = icmp ult i64 %next, %n
   br i1 %more, label %loop, label %exit
 exit:
   ret void
-}
+}}
 
-define i64 @first_difference(ptr %addrs, ptr %seen, i64 %n) {
+define i64 @first_{name}_difference(ptr %addrs, ptr %seen, i64 %n) {{
 entry:
   %empty = icmp eq i64 %n, 0
   br i1 %empty, label %exit, label %loop
@@ -178,10 +208,10 @@ loop:
   %i = phi i64 [ 0, %entry ], [ %next, %cont ]
   %slot = getelementptr ptr, ptr %addrs, i64 %i
   %p = load ptr, ptr %slot
-  %b = load i8, ptr %p
-  %sp = getelementptr i8, ptr %seen, i64 %i
-  %s = load i8, ptr %sp
-  %eq = icmp eq i8 %b, %s
+  %v = load {ty}, ptr %p, align 1
+  %sp = getelementptr {ty}, ptr %seen, i64 %i
+  %s = load {ty}, ptr %sp
+  %eq = icmp eq {ty} %v, %s
   br i1 %eq, label %cont, label %exit
 cont:
   %next = add i64 %i, 1
@@ -190,12 +220,14 @@ cont:
 exit:
   %r = phi i64 [ %n, %entry ], [ %i, %loop ], [ %n, %cont ]
   ret i64 %r
-}
+}}
 """
+_NATIVE_IR = (_NATIVE_TEMPLATE.format(name="word", ty="i64")
+              + _NATIVE_TEMPLATE.format(name="byte", ty="i8"))
 
 
 class _Native:
-    """The two functions above, compiled for this CPU once per process."""
+    """The functions above, compiled for this CPU once per process."""
 
     def __init__(self):
         from compiler.codegen import llvm_cpu
@@ -203,9 +235,11 @@ class _Native:
 
         self._jit = JitModule(object_code=llvm_cpu.compile_ir(_NATIVE_IR))
         args = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-        self.gather = ctypes.CFUNCTYPE(None, *args)(self._jit.address("gather"))
-        self.first_difference = ctypes.CFUNCTYPE(ctypes.c_int64, *args)(
-            self._jit.address("first_difference"))
+        for name in ("word", "byte"):
+            setattr(self, f"gather_{name}s", ctypes.CFUNCTYPE(None, *args)(
+                self._jit.address(f"gather_{name}")))
+            setattr(self, f"first_{name}_difference", ctypes.CFUNCTYPE(
+                ctypes.c_int64, *args)(self._jit.address(f"first_{name}_difference")))
 
 
 @functools.cache

@@ -108,7 +108,7 @@ def test_fingerprint_samples_the_ends_of_each_tensor():
     size); what is not seen (README says so): an element in between."""
     t = torch.zeros(1000)
     fp = Fingerprint([t])
-    assert len(fp._bytes) == 4 * SAMPLES  # 4 bytes per float32 sampled
+    assert fp.sampled_bytes() == 4 * SAMPLES  # 4 bytes per float32 sampled
     t[500] = 5.0
     assert fp.same()
     for i in (0, SAMPLES // 2 - 1, 1000 - SAMPLES // 2, 999):
@@ -121,7 +121,7 @@ def test_fingerprint_samples_the_ends_of_each_tensor():
 def test_fingerprint_of_a_small_tensor_samples_every_element():
     t = torch.zeros(SAMPLES - 1)
     fp = Fingerprint([t])
-    assert len(fp._bytes) == 4 * (SAMPLES - 1)
+    assert fp.sampled_bytes() == 4 * (SAMPLES - 1)
     for i in range(SAMPLES - 1):
         t.zero_()
         fp = Fingerprint([t])
@@ -138,3 +138,20 @@ def test_frozen_weights_first_call_then_changes():
     assert fw.changed(args) and not fw.changed(args)
     args[0] = torch.randn(5)  # another tensor: another storage
     assert fw.changed(args)
+
+
+@pytest.mark.parametrize("dtype,n", [(torch.float16, 3), (torch.int8, 5), (torch.int8, 100),
+                                     (torch.float64, 9), (torch.uint8, 12)])
+def test_fingerprint_words_cover_each_end_and_stay_inside(dtype, n):
+    """Words at each end (bytes only under 8), none past the end: a change to any
+    element among the first and the last SAMPLES / 2 is seen."""
+    t = torch.zeros(n, dtype=dtype)
+    half = min(SAMPLES // 2, n)
+    for i in list(range(half)) + list(range(n - half, n)):
+        t.zero_()
+        fp = Fingerprint([t])
+        t[i] = 1
+        assert not fp.same(), i
+    fp = Fingerprint([t])
+    assert fp.sampled_bytes() <= n * t.element_size()
+    assert all(int(a) + 8 <= t.data_ptr() + n * t.element_size() for a in fp._words)
