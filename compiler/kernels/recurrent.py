@@ -340,14 +340,23 @@ class _Item:
             self._panels(b, src, dst, _i64(p_lo + groups * count), rest)
 
     def _panels(self, b, src, dst, p0, count: int) -> None:
+        """dst's columns of panels p0 .. p0 + count - 1 (one group)."""
+        self._panel_group(b, src, dst, [b.add(p0, _i64(p)) for p in range(count)])
+
+    def _panel_group(self, b, src, dst, panels: list) -> None:
+        """dst[r, cols of each panel] = src[r, :] R^T for the panels (indices, in any
+        order) of one group: their accumulators are independent FMA chains, the k loop
+        is shared."""
         t, h, rows = self.t, self.shape.hidden, self.rows
+        count = len(panels)
+        starts = [b.mul(panel, _i64(h)) for panel in panels]
 
         def step(b, k, accs):
             hk = [gemm.splat(b, b.load(self._at(src, b.add(_i64(r * h), k)), typ=F32), t.vtype)
                   for r in range(rows)]
             new = list(accs)
             for p in range(count):
-                base = b.mul(b.add(b.mul(b.add(p0, _i64(p)), _i64(h)), k), _i64(t.nr))
+                base = b.mul(b.add(starts[p], k), _i64(t.nr))
                 for v in range(t.nv):
                     vec = b.load(self._at(self.rpack, b.add(base, _i64(v * t.vec))),
                                  typ=t.vtype, align=4)
@@ -360,7 +369,7 @@ class _Item:
         accs = gemm._phi_loop(b, h, zeros, step, name="recurrence.k")
         for r in range(rows):
             for p in range(count):
-                col = b.mul(b.add(p0, _i64(p)), _i64(t.nr))
+                col = b.mul(panels[p], _i64(t.nr))
                 for v in range(t.nv):
                     off = b.add(_i64(r * self.gp + v * t.vec), col)
                     _store(b, accs[(r * count + p) * t.nv + v], self._at(dst, off))
@@ -485,10 +494,7 @@ class _SplitItem(_Item):
     def _split_step(self, b, s, barrier) -> None:
         shape, nr = self.shape, self.t.nr
         self.prev = self._previous(b, s)
-        for gate in range(shape.gates):
-            lo = b.udiv(b.add(_i64(gate * shape.hidden), self.first), _i64(nr))
-            hi = b.udiv(b.add(_i64(gate * shape.hidden), self.end), _i64(nr))
-            self._product_between(self.prev, self.g, lo, hi)
+        self._product_of_units(self.prev, self.g)
         t = b.select(self.reverse, b.sub(_i64(shape.t - 1), s), s)
         vec = self.t.vec
 
@@ -511,15 +517,26 @@ class _SplitItem(_Item):
     def _prev_row(self, b, r):
         return self._row_of(self.prev, r)
 
-    def _product_between(self, src, dst, lo, hi) -> None:
-        """`_product` over panels [lo, hi) known at run time: groups, then single panels."""
-        b = self.b
-        count = _group(self.shape, self.rows)
-        groups = b.udiv(b.sub(hi, lo), _i64(count))
-        counted_loop(b, _i64(0), groups, lambda b, i: self._panels(
-            b, src, dst, b.add(lo, b.mul(i, _i64(count))), count))
-        counted_loop(b, b.add(lo, b.mul(groups, _i64(count))), hi,
-                     lambda b, p: self._panels(b, src, dst, p, 1))
+    def _product_of_units(self, src, dst) -> None:
+        """The product's columns of this thread's units in every gate: panel j of its
+        share of each gate together (with `gates` panels and more, as many shares as
+        `_group` allows), so the FMA chains of one k loop are independent. One gate's
+        share at a time was a loop of a panel or two per thread (LSTM, H = 256, two
+        threads: 4 panels a gate), whose two accumulators waited on the FMA's latency."""
+        b, shape, nr = self.b, self.shape, self.t.nr
+        gates = shape.gates
+        per = max(1, _group(shape, self.rows) // gates)  # shares per group
+        lo = [b.udiv(b.add(_i64(g * shape.hidden), self.first), _i64(nr)) for g in range(gates)]
+        share = b.udiv(b.sub(self.end, self.first), _i64(nr))  # panels of each gate
+
+        def group(b, j, n):
+            self._panel_group(b, src, dst, [b.add(lo[g], b.add(j, _i64(i)))
+                                            for i in range(n) for g in range(gates)])
+
+        groups = b.udiv(share, _i64(per))
+        counted_loop(b, _i64(0), groups, lambda b, i: group(b, b.mul(i, _i64(per)), per))
+        if per > 1:
+            counted_loop(b, b.mul(groups, _i64(per)), share, lambda b, j: group(b, j, 1))
 
     def _finish_units(self, r: int) -> None:
         """This thread's units of the final h (and c)."""

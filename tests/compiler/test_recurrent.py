@@ -99,15 +99,19 @@ def test_host_forms_match_reference(cell, direction, kw):
                                          ("gru", 160, {"lbr": True, "const_r": False}),
                                          ("lstm", 128, {"clip": 0.5, "batch": 3})])
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
-def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction, monkeypatch):
+@pytest.mark.parametrize("target", ["cpu", "cpu:znver3"])
+def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction, target,
+                                                 monkeypatch):
     """With the split on (from R of 256 KiB): one direction, one batch block, full
-    lengths: the item's units split over the threads (a barrier per step); 1 and 2
-    threads give the reference's answer."""
+    lengths: the item's units split over the threads (a barrier per step), each
+    thread's share of every gate in groups of panels (AVX-512's 32 columns and AVX2's
+    16: shares that divide into the groups or leave a remainder); 1 and 2 threads give
+    the reference's answer."""
     monkeypatch.setattr(recurrent, "SPLIT_MIN_R_BYTES", 1 << 18)
     kw = dict(kw)
     batch = kw.pop("batch", 1)
     g, arrays = _graph(cell, direction, 7, batch, hid, full=True, **kw)
-    cg = compile_graph(g)
+    cg = compile_graph(g, target=target)
     [k] = cg.kernels
     assert choice.shape(k.contraction, k.impl).split
     # its threads meet at barriers: an OpenMP team, not braze_parallel's ranges
@@ -115,7 +119,7 @@ def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction, monke
     assert 'call void @"braze_parallel"' not in cg.llvm_ir
     want = _reference(g, arrays)
     for threads in (1, 2):
-        y, = CpuStep(compile_graph(g), threads=threads).run(arrays)
+        y, = CpuStep(cg, threads=threads).run(arrays)
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6)
 
 
