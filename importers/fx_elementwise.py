@@ -47,7 +47,7 @@ _ARITH = facets.attach_imports("fx_import", {
     aten.bitwise_and.Tensor: "bitand", aten.bitwise_and.Scalar: "bitand",
     aten.bitwise_or.Tensor: "bitor", aten.bitwise_or.Scalar: "bitor",
     aten.bitwise_xor.Tensor: "bitxor", aten.bitwise_xor.Scalar: "bitxor",
-    aten.atan2.default: None,  # atan2 has no IR op: refused in _binary
+    aten.atan2.default: "atan2", aten.hypot.default: "hypot",
 })
 
 # aten comparisons -> IR op; operands cast to their promoted dtype, result bool
@@ -84,8 +84,6 @@ _ON_BOOL = {"mul": "and", "min": "and", "bitand": "and", "max": "or", "bitor": "
 
 def _binary(ir_op):
     def convert(cx: Ctx, a, b):
-        if ir_op is None:
-            raise Fallback("no IR op for it")
         dt = cx.out().dtype
         op = _ON_BOOL.get(ir_op, ir_op) if dt == "bool" else ir_op
         return cx.op(op, cx.tensor(a, dt), cx.tensor(b, dt))
@@ -151,6 +149,20 @@ def _add_sub(cx: Ctx, a, b, alpha=1):
         b = cx.op("mul", b, cx.scalar(alpha, dt))
     op = "add" if cx.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
     return cx.op(op, cx.tensor(a, dt), b)
+
+
+@converts(aten.fmax.default, aten.fmin.default)
+def _fmax_fmin(cx: Ctx, a, b):
+    """torch.fmax / fmin: maximum / minimum, except that a NaN operand gives the other
+    one (NaN only where both are); on integers, maximum / minimum."""
+    dt = cx.out().dtype
+    op = "max" if cx.target is aten.fmax.default else "min"
+    a, b = cx.tensor(a, dt), cx.tensor(b, dt)
+    m = cx.op(op, a, b)
+    if dt not in dtypes.FLOATS:
+        return m
+    m = cx.op("select", cx.op("isnan", a), b, m)
+    return cx.op("select", cx.op("isnan", b), a, m)
 
 
 @converts(aten.rsub.Scalar, aten.rsub.Tensor)

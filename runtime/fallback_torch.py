@@ -79,6 +79,7 @@ _UNARY = {
 _BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "pow": torch.pow,
     "max": torch.maximum, "min": torch.minimum, "mod": torch.remainder, "fmod": torch.fmod,
+    "atan2": torch.atan2, "hypot": torch.hypot,
     "and": torch.logical_and, "or": torch.logical_or, "xor": torch.logical_xor,
     "bitand": torch.bitwise_and, "bitor": torch.bitwise_or, "bitxor": torch.bitwise_xor,
     "shl": torch.bitwise_left_shift, "shr": torch.bitwise_right_shift,

@@ -103,13 +103,16 @@ def needs_libm(op: str, dtype: str) -> bool:
         return False
     if dtype == "f32" and op in FAST_F32:
         return False
-    return op in _LIBM or op in ("exp", "log", "sigmoid", "pow", "fmod", "mod")
+    return op in _LIBM or op in _LIBM2 or op in ("exp", "log", "sigmoid", "pow", "fmod",
+                                                  "mod")
 
 
 # -- unary ----------------------------------------------------------------------
 
 _LIBM = {"sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
          "atanh", "expm1", "log1p", "tanh", "erf"}
+# binary ops that are a libm call (atan2f / atan2 ...): exact, not vectorized
+_LIBM2 = {"atan2", "hypot"}
 _INTRINSIC = {"sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
               "round": "llvm.roundeven", "abs": "llvm.fabs"}
 
@@ -179,6 +182,8 @@ def binary_float(b, op: str, x, y):
         return b.call(intrinsic(b, name, t, 2), [x, y])
     if op == "pow":
         return b.call(intrinsic(b, "llvm.pow", t, 2), [x, y])
+    if op in _LIBM2:
+        return b.call(intrinsic(b, op + ("f" if t == F32 else ""), t, 2), [x, y])
     if op == "fmod":
         return _frem(b, x, y)
     if op == "mod":  # Python: result has the divisor's sign

@@ -117,6 +117,8 @@ BINARY: dict[str, tuple[frozenset, object, str | None]] = {
     "min": (_ORDERED, np.minimum, None),
     "mod": (_ARITH, np.mod, None),
     "fmod": (_ARITH, np.fmod, None),
+    "atan2": (dtypes.FLOATS, np.arctan2, None),  # atan2(y, x): the angle of (x, y)
+    "hypot": (dtypes.FLOATS, np.hypot, None),  # sqrt(x^2 + y^2) without overflow
     "and": (frozenset({"bool"}), np.logical_and, None),
     "or": (frozenset({"bool"}), np.logical_or, None),
     "xor": (frozenset({"bool"}), np.logical_xor, None),

@@ -46,6 +46,10 @@ STATED = {
     ("host", "onnx_export"): "a host node is the framework's own op, written back as itself",
     ("const", "torch_host"): "a constant is a tensor the step is given",
     ("host", "torch_host"): "a host node is the framework's own op, run as itself",
+    ("atan2", "onnx_export"): "ONNX has no Atan2: only the torch importer makes it, and "
+                              "the torch front end's host steps run on torch",
+    ("hypot", "onnx_export"): "ONNX has no Hypot: only the torch importer makes it, and "
+                              "the torch front end's host steps run on torch",
 }
 
 # The modules whose import attaches the tables (`load_all`); the torch ones only where

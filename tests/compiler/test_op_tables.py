@@ -169,6 +169,8 @@ def test_export_then_import_gives_the_op_back(op):
     from compiler.interp import evaluate
     from importers.onnx import import_onnx
 
+    if (op, "onnx_export") in facets.STATED:
+        pytest.skip(facets.STATED[(op, "onnx_export")])
     g = _one_node(op)
     back = import_onnx(fallback_onnx.export_onnx(g)).graph
     ops = [n.op for n in back.nodes if n.op != "const"]
