@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from importers.fx_context import Ctx, Fallback, converts
-from importers.interpolation import Interpolation, NotInterpolable, resize_ir
+from importers.interpolation import Interpolation, NotInterpolable, Taps, resize_axis, resize_ir
 
 # F.interpolate's modes: (interpolation, nearest-exact?) in importers/interpolation.py
 MODES = {"nearest": ("nearest", False), "nearest-exact": ("nearest", True),
@@ -146,6 +146,77 @@ def _source(mode: str, align_corners: bool, exact: bool, n_in: int, n_out: int,
     if mode == "linear":
         src = np.maximum(src, f(0))
     return src.astype(np.float64)
+
+
+# torch's antialiased resizing (F.interpolate(antialias=True), torchvision's resize of
+# tensors): the aten op -> (its filter, the filter's support at scale 1)
+def _aa_linear(x: np.ndarray) -> np.ndarray:
+    return np.maximum(0.0, 1.0 - np.abs(x))
+
+
+def _aa_cubic(x: np.ndarray) -> np.ndarray:
+    a, x = -0.5, np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+_AA = {torch.ops.aten._upsample_bilinear2d_aa.default: (_aa_linear, 2),
+       torch.ops.aten._upsample_bicubic2d_aa.default: (_aa_cubic, 4)}
+
+
+@converts(*_AA)
+def _resize_antialiased(cx: Ctx, x, output_size, align_corners, scales_h=None,
+                        scales_w=None):
+    """Antialiased bilinear / bicubic resizing of the last two axes, as aten computes it
+    (`aa_taps`), one axis after the other: gathers at constant indices with constant
+    weights, as the other resizes."""
+    filt, size = _AA[cx.target]
+    out = cx.out().shape
+    if any(d is None for d in out) or any(d is None for d in x.shape):
+        raise Fallback("a dynamic size")
+    if x.dtype not in ("f32", "f64"):
+        raise Fallback(f"antialiased resizing of {x.dtype} data")
+    for axis, given in ((3, scales_w), (2, scales_h)):
+        taps = aa_taps(x.shape[axis], out[axis], align_corners, given, filt, size)
+        if not taps.is_identity():
+            try:
+                x = resize_axis(cx, x, axis, taps)
+            except NotInterpolable as e:
+                raise Fallback(str(e)) from None
+    return x
+
+
+def aa_taps(n_in: int, n_out: int, align_corners: bool, scale_factor, filt,
+            size: int) -> Taps:
+    """aten's antialiased taps of one axis (float inputs): scale = n_in / n_out (or
+    1 / the given factor; (n_in - 1) / (n_out - 1) with align_corners), the filter
+    stretched by the scale when downsampling (support = size / 2 * max(scale, 1)),
+    output i centred at scale * (i + 0.5), reading inputs [xmin, xmin + xsize) with the
+    filter's weights normalized to sum 1."""
+    f = np.float32  # aten computes the taps in float for float inputs
+    if align_corners:
+        scale = f(n_in - 1) / f(n_out - 1) if n_out > 1 else f(0)
+    elif scale_factor is not None and scale_factor > 0:
+        scale = f(1.0 / scale_factor)
+    else:
+        scale = f(n_in) / f(n_out)
+    support = f(size * 0.5) * scale if scale >= 1 else f(size * 0.5)
+    invscale = f(1) / scale if scale >= 1 else f(1)
+    width = int(np.ceil(support)) * 2 + 1
+    indices = np.zeros((width, n_out), np.int64)
+    weights = np.zeros((width, n_out), np.float64)
+    for i in range(n_out):
+        center = scale * f(i + 0.5)
+        xmin = max(int(center - support + f(0.5)), 0)
+        xsize = min(max(min(int(center + support + f(0.5)), n_in) - xmin, 0), width)
+        j = np.arange(xsize, dtype=f)
+        w = filt((j + f(xmin) - center + f(0.5)) * invscale).astype(f)
+        total = w.sum(dtype=f) if xsize else f(0)
+        indices[:, i] = min(xmin, n_in - 1)
+        indices[:xsize, i] = xmin + np.arange(xsize)
+        weights[:xsize, i] = w / total if total != 0 else w
+    return Taps(indices, weights, n_in)
 
 
 # aten's grid sampler codes: interpolation 0 bilinear, 1 nearest, 2 bicubic; padding 0

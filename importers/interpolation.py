@@ -180,7 +180,7 @@ def resize_ir(cx, x, how: Interpolation, out: list[int], factors: list[float],
         at = None if coordinates is None else coordinates(axis, n_in, n_out)
         taps = axis_taps(how, n_in, n_out, factors[axis], at)
         if not taps.is_identity():
-            x = _resize_axis(cx, x, axis, taps)
+            x = resize_axis(cx, x, axis, taps)
     return x
 
 
@@ -198,7 +198,9 @@ def _axis_order(shape, out) -> list[int]:
     return axes[-1:] + axes[:-1] if grow else axes
 
 
-def _resize_axis(cx, x, axis: int, taps: Taps):
+def resize_axis(cx, x, axis: int, taps: Taps):
+    """x resized along `axis` by `taps`: a gather per tap with a nonzero weight, scaled
+    and summed (NotInterpolable past MAX_TAPS)."""
     keep = np.any(taps.weights != 0, axis=1)  # taps with some nonzero weight
     indices, weights = taps.indices[keep], taps.weights[keep]
     if len(indices) > MAX_TAPS:

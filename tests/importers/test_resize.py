@@ -195,3 +195,64 @@ def test_interpolate_through_torch_compile_matches_eager(rank, kw):
                             options={"allow_fallback": False, "strict": True})(x)
         want = model(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+ANTIALIASED = [
+    dict(size=(9, 13)), dict(size=(23, 31)), dict(scale_factor=(0.3, 0.45)),
+    dict(size=(11, 13), align_corners=True), dict(size=(32, 40)), dict(size=(12, 29)),
+]
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("kw", ANTIALIASED)
+def test_antialiased_interpolate_matches_eager(mode, kw):
+    """F.interpolate(antialias=True) (aten's _upsample_*2d_aa): down, up, mixed and
+    identity axes, scale factors and align_corners, as aten's own taps."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 32, 40)
+    model = _Interp(mode=mode, antialias=True, **kw)
+    with torch.no_grad():
+        got = torch.compile(model, backend="braze",
+                            options={"allow_fallback": False, "strict": True})(x)
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_antialiased_resize_wider_than_max_taps_runs_on_torch():
+    """A downscale whose footprint needs more than MAX_TAPS taps (bicubic 40 -> 5: 35)
+    is a host step, with its reason, and still eager's answer."""
+    torch._dynamo.reset()
+    x = torch.randn(1, 2, 40, 40)
+    model = _Interp(mode="bicubic", antialias=True, size=(5, 5))
+    with torch.no_grad():
+        got = torch.compile(model, backend="braze", options={"strict": True})(x)
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(bridge.BrazeError, match="taps per output"):
+        torch._dynamo.reset()
+        torch.compile(model, backend="braze",
+                      options={"allow_fallback": False, "strict": True})(x)
+
+
+def test_antialiased_taps_structure():
+    """aten's taps: weights summing to 1 per output, within [0, n_in); a downscale by 3
+    reads 2 * ceil(3) + 1 = 7 taps at most (bilinear), an upscale 3 (bilinear's 2 and one
+    of weight 0); the resize is one gather per tap with some weight, per axis."""
+    from importers.fx_resize import _aa_linear, aa_taps
+
+    down = aa_taps(30, 10, False, None, _aa_linear, 2)
+    up = aa_taps(10, 30, False, None, _aa_linear, 2)
+    for taps, width in ((down, 7), (up, 3)):
+        assert taps.indices.shape[0] == width
+        np.testing.assert_allclose(taps.weights.sum(axis=0), 1.0)
+        assert taps.indices.min() >= 0 and taps.indices.max() < taps.n_in
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from importers.fx import import_fx
+
+    x = torch.randn(1, 1, 30, 30)
+    fn = lambda x: F.interpolate(x, size=(10, 10), mode="bilinear", antialias=True)  # noqa: E731
+    g = import_fx(make_fx(fn)(x), [x]).graph
+    gathers = [n for n in g.nodes if n.op == "gather"]
+    assert 2 * 5 <= len(gathers) <= 2 * 7  # per axis: the taps with some weight
+    assert not [n for n in g.nodes if n.op == "host"]
