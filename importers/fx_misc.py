@@ -1,5 +1,5 @@
 """aten converters with no family of their own: copysign, angle (of real tensors),
-unbind_copy, as_strided_scatter and _batch_norm_with_update_functional.
+frexp, unbind_copy, as_strided_scatter and _batch_norm_with_update_functional.
 
   copysign(a, b) = -|a| where b's sign bit is set, else |a|
 A float b's sign bit is read through a bitcast to the signed integer of its width
@@ -7,6 +7,8 @@ A float b's sign bit is read through a bitcast to the signed integer of its widt
 torch copies the bit); an integer b's is b < 0. A Python scalar b is read exactly
 (math.copysign).
   angle(x) = pi where x < 0, NaN where x is NaN, else 0 (-0.0 included), real x only.
+  frexp(x) = (m, e), x = m 2^e, |m| in [0.5, 1): read from x's bits (bitcast): e is
+the exponent field less the bias of [0.5, 1), m x's bits with that field set to it.
 
 as_strided_scatter(x, src, size, stride, offset) = x.clone() with
 out.as_strided(size, stride, offset) overwritten by src: the clone of a contiguous x
@@ -61,6 +63,50 @@ def _sign_bit(cx: Ctx, b):
             raise Fallback(f"copysign by {b.dtype}")
         b = cx.op("bitcast", b, to=_BITS[b.dtype])
     return cx.op("lt", b, cx.scalar(0, b.dtype))
+
+
+# frexp's bit layout per float dtype computed on: (integer of its width, mantissa bits,
+# exponent mask, the exponent field of [0.5, 1), the scale that makes a subnormal normal)
+_FREXP = {"f32": ("i32", 23, 0xFF, 126, 24), "f64": ("i64", 52, 0x7FF, 1022, 54)}
+
+
+@converts(aten.frexp.Tensor)
+def _frexp(cx: Ctx, x):
+    """x = m 2^e with |m| in [0.5, 1) (module doc): m keeps x's sign and e is int32; 0,
+    +-inf and NaN give (x, 0). A subnormal x is first scaled by 2^k to a normal number
+    and k taken from e. float16 is computed in float32 (its values, subnormals included,
+    are normal there and m fits float16 exactly)."""
+    dt = cx.out(0).dtype
+    if dt not in dtypes.FLOATS:
+        raise Fallback(f"frexp of {dt}")
+    work = dt if dt in _FREXP else "f32"
+    if dt not in _FREXP and dt != "f16":
+        raise Fallback(f"frexp of {dt}")
+    ity, bits, mask, half, k = _FREXP[work]
+    x = cx.cast(x, work)
+    smallest = float(np.finfo(dtypes.to_numpy(work)).tiny)
+    ax = cx.op("abs", x)
+    sub = cx.op("lt", ax, cx.scalar(smallest, work))
+    xn = cx.op("select", sub, cx.op("mul", x, cx.scalar(2.0 ** k, work)), x)
+    i = cx.op("bitcast", xn, to=ity)
+    field = cx.op("bitand", cx.op("shr", i, cx.scalar(bits, ity)), cx.scalar(mask, ity))
+    e = cx.op("sub", field, cx.scalar(half, ity))
+    e = cx.op("sub", e, cx.op("select", sub, cx.scalar(k, ity), cx.scalar(0, ity)))
+    keep = ~(mask << bits) & ((1 << (bits + 1 + int(np.log2(mask + 1)))) - 1)
+    m_bits = cx.op("bitor", cx.op("bitand", i, cx.scalar(_signed(keep, ity), ity)),
+                   cx.scalar(half << bits, ity))
+    m = cx.op("bitcast", m_bits, to=work)
+    special = cx.op("or", cx.op("eq", x, cx.scalar(0.0, work)),
+                    cx.op("or", cx.op("isinf", x), cx.op("isnan", x)))
+    m = cx.op("select", special, x, m)
+    e = cx.op("select", special, cx.scalar(0, ity), e)
+    return cx.cast(m, dt), cx.cast(e, "i32")
+
+
+def _signed(value: int, ity: str) -> int:
+    """The two's complement value of an unsigned bit pattern in the signed `ity`."""
+    width = int(ity[1:])
+    return value - (1 << width) if value >= 1 << (width - 1) else value
 
 
 @converts(aten.angle.default)

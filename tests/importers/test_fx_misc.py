@@ -182,3 +182,20 @@ def test_training_batch_norm_module_updates_its_running_statistics():
     _close(got, want)
     _close(compiled.running_mean, eager.running_mean)
     _close(compiled.running_var, eager.running_var)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16],
+                         ids=["f32", "f64", "f16"])
+def test_frexp_matches_eager_bit_for_bit(dtype):
+    """Mantissa and int32 exponent: zeros of both signs, +-inf and NaN (x, 0),
+    subnormals (scaled to normal first), the largest finite values, random values."""
+    fi = torch.finfo(dtype)
+    x = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, 3.0, -7.25, fi.tiny, fi.tiny / 4,
+                      -fi.tiny / 8, fi.max, -fi.max, INF, -INF, NAN], dtype=dtype)
+    x = torch.cat([x, (torch.randn(64) * 100).to(dtype)])
+    got = _compiled(lambda x: torch.frexp(x))(x)
+    want = torch.frexp(x)
+    close(got, want, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(got[0]), torch.signbit(want[0]))
+    imp = _imported(lambda x: torch.frexp(x), x)
+    assert "bitcast" in {n.op for n in imp.graph.nodes}
