@@ -1,5 +1,6 @@
 """aten converters with no family of their own: copysign, angle (of real tensors),
-frexp, unbind_copy, as_strided_scatter and _batch_norm_with_update_functional.
+frexp, unbind_copy, as_strided_scatter, diagonal_scatter and
+_batch_norm_with_update_functional.
 
   copysign(a, b) = -|a| where b's sign bit is set, else |a|
 A float b's sign bit is read through a bitcast to the signed integer of its width
@@ -156,6 +157,33 @@ def _as_strided_scatter(cx: Ctx, x, src, size, stride, storage_offset=None):
         raise Fallback("as_strided_scatter writes one element twice (torch's copy_ "
                        "raises)")
     return scatter_nd_ir(cx, x, cx.reshape(cx.cast(src, x.dtype), tuple(size)), pos)
+
+
+@converts(aten.diagonal_scatter.default)
+def _diagonal_scatter(cx: Ctx, x, src, offset=0, dim1=0, dim2=1):
+    """x with its diagonal (x.diagonal(offset, dim1, dim2)) replaced by src: the
+    diagonal's flat positions in x's row-major order, in src's order (x's other dims,
+    then the diagonal), and one gather as for as_strided_scatter."""
+    from importers.scans import scatter_nd_ir
+
+    if not x.type.static or not src.type.static:
+        raise Fallback("diagonal_scatter with a dynamic shape")
+    shape = x.shape
+    rank = len(shape)
+    d1, d2 = norm_dim(dim1, rank), norm_dim(dim2, rank)
+    offset = int(offset)
+    length = max(0, min(shape[d1] - max(0, -offset), shape[d2] - max(0, offset)))
+    if length == 0:
+        return x
+    strides = [int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(rank)]
+    others = [k for k in range(rank) if k not in (d1, d2)]
+    grids = np.meshgrid(*[np.arange(shape[k], dtype=np.int64) for k in others],
+                        np.arange(length, dtype=np.int64), indexing="ij")
+    t = grids[-1]
+    pos = (t + max(0, -offset)) * strides[d1] + (t + max(0, offset)) * strides[d2]
+    for k, g in zip(others, grids[:-1]):
+        pos = pos + g * strides[k]
+    return scatter_nd_ir(cx, x, cx.reshape(cx.cast(src, x.dtype), pos.shape), pos)
 
 
 @converts(aten._batch_norm_with_update_functional.default)

@@ -199,3 +199,17 @@ def test_frexp_matches_eager_bit_for_bit(dtype):
     assert torch.equal(torch.signbit(got[0]), torch.signbit(want[0]))
     imp = _imported(lambda x: torch.frexp(x), x)
     assert "bitcast" in {n.op for n in imp.graph.nodes}
+
+
+@pytest.mark.parametrize("shape,offset,dim1,dim2", [
+    ((4, 4), 0, 0, 1), ((3, 5), 2, 0, 1), ((5, 3), -1, 0, 1), ((2, 4, 3), 1, 2, 0),
+    ((3, 2, 4, 5), -2, -1, 1), ((3, 3), 5, 0, 1),  # an empty diagonal: x itself
+])
+def test_diagonal_scatter_matches_eager(shape, offset, dim1, dim2):
+    x = torch.randn(*shape)
+    src = torch.randn(*x.diagonal(offset, dim1, dim2).shape)
+    fn = lambda x, s: aten.diagonal_scatter.default(x, s, offset, dim1, dim2) * 1.0  # noqa: E731
+    close(_compiled(fn)(x, src), fn(x, src), rtol=0, atol=0)
+    # a non-contiguous input: the positions are the logical row-major order
+    xt = torch.randn(*reversed(shape)).permute(*reversed(range(len(shape))))
+    close(_compiled(fn)(xt, src), fn(xt, src), rtol=0, atol=0)
