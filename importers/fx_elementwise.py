@@ -165,6 +165,15 @@ def _fmax_fmin(cx: Ctx, a, b):
     return cx.op("select", cx.op("isnan", b), a, m)
 
 
+@converts(aten.ldexp.Tensor)
+def _ldexp(cx: Ctx, x, e):
+    """x * 2^e, as torch computes it (a multiply by pow(2, e) in the result's dtype)."""
+    dt = cx.out().dtype
+    if dt not in dtypes.FLOATS:
+        raise Fallback(f"ldexp giving {dt}")
+    return cx.op("mul", cx.tensor(x, dt), cx.op("pow", cx.scalar(2.0, dt), cx.tensor(e, dt)))
+
+
 @converts(aten.rsub.Scalar, aten.rsub.Tensor)
 def _rsub(cx: Ctx, a, b, alpha=1):
     dt = cx.out().dtype

@@ -1,5 +1,5 @@
-"""aten converters with no family of their own: copysign, angle (of real tensors),
-frexp, unbind_copy, as_strided_scatter, diagonal_scatter and
+"""aten converters with no family of their own: copysign, signbit, nextafter, angle (of
+real tensors), frexp, unbind_copy, as_strided_scatter, diagonal_scatter and
 _batch_norm_with_update_functional.
 
   copysign(a, b) = -|a| where b's sign bit is set, else |a|
@@ -64,6 +64,35 @@ def _sign_bit(cx: Ctx, b):
             raise Fallback(f"copysign by {b.dtype}")
         b = cx.op("bitcast", b, to=_BITS[b.dtype])
     return cx.op("lt", b, cx.scalar(0, b.dtype))
+
+
+@converts(aten.signbit.default)
+def _signbit(cx: Ctx, x):
+    """Whether x's sign bit is set: -0.0 and a NaN with the bit set included."""
+    return _sign_bit(cx, x)
+
+
+@converts(aten.nextafter.default)
+def _nextafter(cx: Ctx, x, y):
+    """The float after x towards y, from x's bits as a signed integer i: i + 1 moves
+    away from zero, i - 1 towards it; y where x == y (so +-0 towards +-0 gives y's zero),
+    NaN where either is, the smallest subnormal with y's sign from a zero x."""
+    dt = cx.out().dtype
+    if dt not in _BITS:
+        raise Fallback(f"nextafter of {dt}")
+    ity = _BITS[dt]
+    x, y = cx.cast(x, dt), cx.cast(y, dt)
+    i = cx.op("bitcast", x, to=ity)
+    away = cx.op("eq", cx.op("lt", y, x), cx.op("lt", x, cx.scalar(0.0, dt)))
+    one = cx.scalar(1, ity)
+    step = cx.op("bitcast", cx.op("select", away, cx.op("add", i, one), cx.op("sub", i, one)),
+                 to=dt)
+    tiny = cx.op("bitcast", one, to=dt)  # the smallest subnormal
+    from_zero = cx.op("select", cx.op("lt", y, cx.scalar(0.0, dt)), cx.op("neg", tiny), tiny)
+    r = cx.op("select", cx.op("eq", x, cx.scalar(0.0, dt)), from_zero, step)
+    r = cx.op("select", cx.op("eq", x, y), y, r)
+    nan = cx.op("or", cx.op("isnan", x), cx.op("isnan", y))
+    return cx.op("select", nan, cx.op("add", x, y), r)
 
 
 # frexp's bit layout per float dtype computed on: (integer of its width, mantissa bits,

@@ -64,6 +64,15 @@ def _full_like(cx: Ctx, x, fill_value, **kwargs):
     return v if out.shape == () else cx.op("broadcast", v, shape=out.shape)
 
 
+@converts(aten.new_empty_strided.default)
+def _new_empty_strided(cx: Ctx, x, size, stride, **kwargs):
+    """An uninitialized tensor of x's kind: zeros (any values are its contents; only x's
+    metadata is read)."""
+    out = cx.out()
+    return cx.op("broadcast", cx.scalar(0, out.dtype), shape=out.shape) if out.shape else \
+        cx.scalar(0, out.dtype)
+
+
 def slice_bounds(size: int, start, end, step: int) -> tuple[int, int]:
     """aten.slice's clamping: (start, length) of the selected range."""
     start = 0 if start is None else start
@@ -97,7 +106,7 @@ def _slice(cx: Ctx, x, dim=0, start=None, end=None, step=1):
     return slice_dim(cx, x, d, s, step, n)
 
 
-@converts(aten.narrow.default)
+@converts(aten.narrow.default, aten.narrow_copy.default)
 def _narrow(cx: Ctx, x, dim, start, length):
     d = norm_dim(dim, x.type.rank)
     start = start + x.shape[d] if start < 0 else start

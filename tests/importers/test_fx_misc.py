@@ -213,3 +213,29 @@ def test_diagonal_scatter_matches_eager(shape, offset, dim1, dim2):
     # a non-contiguous input: the positions are the logical row-major order
     xt = torch.randn(*reversed(shape)).permute(*reversed(range(len(shape))))
     close(_compiled(fn)(xt, src), fn(xt, src), rtol=0, atol=0)
+
+
+BITS_SPECIALS = [0.0, -0.0, 1.0, -1.0, 2.5, 1e-45, -1e-45, 3.4e38, -3.4e38, INF, -INF, NAN,
+                 1e-38]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_nextafter_and_signbit_match_eager_bit_for_bit(dtype):
+    """Every pairing of zeros of both signs, subnormals, the largest finite values,
+    infinities and NaN: the next float (its sign too) and the sign bit."""
+    a = torch.tensor([p for p in BITS_SPECIALS for _ in BITS_SPECIALS], dtype=dtype)
+    b = torch.tensor([q for _ in BITS_SPECIALS for q in BITS_SPECIALS], dtype=dtype)
+    got = _compiled(lambda a, b: (torch.nextafter(a, b), torch.signbit(a)))(a, b)
+    want = (torch.nextafter(a, b), torch.signbit(a))
+    close(got, want, rtol=0, atol=0)
+    finite = ~want[0].isnan()
+    assert torch.equal(torch.signbit(got[0][finite]), torch.signbit(want[0][finite]))
+
+
+def test_ldexp_narrow_copy_new_empty_strided():
+    x, e = torch.randn(5, 7), torch.randint(-20, 20, (5, 7))
+    fn = lambda x, e: (torch.ldexp(x, e), torch.narrow_copy(x, 1, 2, 3),  # noqa: E731
+                       x.new_empty_strided((3, 4), (4, 1)).shape)
+    got, want = _compiled(fn)(x, e), fn(x, e)
+    close(got[:2], want[:2], rtol=0, atol=0)
+    assert got[2] == want[2]
