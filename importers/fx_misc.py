@@ -1,5 +1,5 @@
 """aten converters with no family of their own: copysign, signbit, nextafter, angle (of
-real tensors), frexp, unbind_copy, as_strided_scatter, diagonal_scatter and
+real tensors), frexp, masked_scatter, unbind_copy, as_strided_scatter, diagonal_scatter and
 _batch_norm_with_update_functional.
 
   copysign(a, b) = -|a| where b's sign bit is set, else |a|
@@ -213,6 +213,34 @@ def _diagonal_scatter(cx: Ctx, x, src, offset=0, dim1=0, dim2=1):
     for k, g in zip(others, grids[:-1]):
         pos = pos + g * strides[k]
     return scatter_nd_ir(cx, x, cx.reshape(cx.cast(src, x.dtype), pos.shape), pos)
+
+
+@converts(aten.masked_scatter.default)
+def _masked_scatter(cx: Ctx, x, mask, src):
+    """x with its masked positions (mask broadcast to x, row-major order) taking src's
+    elements in order: the k-th masked position reads src's flat element k, k from an
+    inclusive prefix sum of the mask less one (importers/scans.py), one gather. More
+    masked positions than src has elements reads past src's end: a run-time index fault,
+    raised, as torch raises."""
+    from importers.scans import cumsum_ir
+
+    out = cx.out()
+    if not x.type.static or not src.type.static or not mask.type.static:
+        raise Fallback("masked_scatter with a dynamic shape")
+    n, s = int(np.prod(out.shape, dtype=np.int64)), int(np.prod(src.shape, dtype=np.int64))
+    if n == 0:
+        return cx.cast(x, out.dtype)
+    if s == 0:
+        raise Fallback("masked_scatter from an empty source")
+    m = cx.op("ne", cx.cast(mask, "bool"), cx.scalar(False, "bool"))
+    if tuple(m.shape) != tuple(out.shape):
+        m = cx.op("broadcast", m, shape=out.shape)
+    m = cx.reshape(m, (n,))
+    k = cx.op("sub", cumsum_ir(cx, cx.cast(m, "i64"), 0), cx.scalar(1, "i64"))
+    k = cx.op("select", m, k, cx.scalar(0, "i64"))
+    taken = cx.op("gather", cx.reshape(cx.cast(src, out.dtype), (s,)), k, axis=0)
+    flat = cx.op("select", m, taken, cx.reshape(cx.cast(x, out.dtype), (n,)))
+    return cx.reshape(flat, tuple(out.shape))
 
 
 @converts(aten._batch_norm_with_update_functional.default)

@@ -239,3 +239,19 @@ def test_ldexp_narrow_copy_new_empty_strided():
     got, want = _compiled(fn)(x, e), fn(x, e)
     close(got[:2], want[:2], rtol=0, atol=0)
     assert got[2] == want[2]
+
+
+def test_masked_scatter_matches_eager_and_raises_when_src_is_short():
+    """Masked positions (a mask broadcast too, and LLaVA's form: token positions expanded
+    over the embedding) take src's elements in order; more masked positions than src
+    has elements is an error, as in torch."""
+    fn = lambda x, m, s: x.masked_scatter(m, s)  # noqa: E731
+    x, src = torch.randn(4, 6), torch.randn(30)
+    for m in (torch.rand(4, 6) > 0.5, torch.rand(6) > 0.3, torch.zeros(4, 6, dtype=torch.bool)):
+        close(_compiled(fn)(x, m, src), fn(x, m, src), rtol=0, atol=0)
+    emb, ids, feat = torch.randn(1, 20, 8), torch.randint(0, 5, (1, 20)), torch.randn(6, 8)
+    ids[0, 3:9] = 99
+    llava = lambda e, i, f: e.masked_scatter((i == 99).unsqueeze(-1).expand_as(e), f)  # noqa: E731
+    close(_compiled(llava)(emb, ids, feat), llava(emb, ids, feat), rtol=0, atol=0)
+    with pytest.raises(Exception, match="index out of range"):
+        _compiled(fn)(x, torch.ones(4, 6, dtype=torch.bool), torch.randn(5))
