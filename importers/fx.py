@@ -31,7 +31,7 @@ from importers import (  # noqa: F401  (fill the table)
 from importers import fx_selection  # noqa: F401  (fill the table: topk, sort, kthvalue)
 from importers import fx_special  # noqa: F401  (fill the table: lgamma, Bessel, zeta...)
 from importers import (  # noqa: F401  (fill the table: addbmm, cdist, cummax, median,
-    fx_linalg, fx_misc, fx_scans, fx_search)  # searchsorted, segment_reduce...)
+    fx_embedding_bag, fx_linalg, fx_misc, fx_scans, fx_search)  # searchsorted...)
 from importers.fx_context import CONVERTERS, SEEDED_CHECKED, Ctx, Fallback, tensor_type
 
 log = logging.getLogger("braze")
