@@ -605,6 +605,17 @@ def _cumsum(cx: Ctx, x, dim, dtype=None):
     return _scan(cx, cumsum_ir, x, dim)
 
 
+@converts(aten.logcumsumexp.default)
+def _logcumsumexp(cx: Ctx, x, dim):
+    """log(cumsum(exp(x))) by the same scan combining with logaddexp (scans.py), floats
+    only."""
+    from importers.scans import logcumsumexp_ir
+
+    if cx.out().dtype not in ("f32", "f64"):
+        raise Fallback(f"logcumsumexp of {cx.out().dtype}")
+    return _scan(cx, logcumsumexp_ir, x, dim)
+
+
 @converts(aten.cumprod.default)
 def _cumprod(cx: Ctx, x, dim, dtype=None):
     """Prefix products by the same scan, in the result's dtype."""

@@ -64,9 +64,22 @@ def cumprod_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False)
     return _scan(cx, x, axis, "mul", 1.0, exclusive, reverse)
 
 
-def _scan(cx, x, axis: int, combine: str, identity: float, exclusive: bool, reverse: bool):
-    """Hillis and Steele's scan of x along `axis` with the IR op `combine`, whose
-    identity enters where a step reads before the start."""
+def logcumsumexp_ir(cx, x, axis: int):
+    """log(cumsum(exp(x))) along `axis` without overflow: the same scan combining by
+    logaddexp(a, b) = max(a, b) + log1p(exp(-|a - b|)) (max itself where it is
+    infinite: both -inf, or +inf), identity -inf; NaN propagates."""
+    def logaddexp(a, b):
+        m = cx.op("max", a, b)
+        r = cx.op("add", m, cx.op("log1p", cx.op("exp", cx.op("neg", cx.op(
+            "abs", cx.op("sub", a, b))))))
+        return cx.op("select", cx.op("isinf", m), m, r)
+
+    return _scan(cx, x, axis, logaddexp, -np.inf, False, False)
+
+
+def _scan(cx, x, axis: int, combine, identity: float, exclusive: bool, reverse: bool):
+    """Hillis and Steele's scan of x along `axis` with the IR op `combine` (or a function
+    of two IR values), whose identity enters where a step reads before the start."""
     n = x.shape[axis]
     if n is None:
         raise ValueError("a dynamic scan length")
@@ -76,7 +89,8 @@ def _scan(cx, x, axis: int, combine: str, identity: float, exclusive: bool, reve
         x = _slice(cx, x, axis, n - 1, -1, n)
     y, span = x, 1
     while span < n:
-        y = cx.op(combine, y, _shift(cx, y, axis, span, identity))
+        shifted = _shift(cx, y, axis, span, identity)
+        y = combine(y, shifted) if callable(combine) else cx.op(combine, y, shifted)
         span *= 2
     if exclusive:
         y = _shift(cx, y, axis, 1, identity)

@@ -122,3 +122,18 @@ def test_torch_cumprod_runs_compiled():
                         options={"allow_fallback": False, "strict": True})(x, n)
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
     assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("dim", [1, 0, -1])
+def test_torch_logcumsumexp_runs_compiled(dtype, dim):
+    """Large magnitudes (no overflow), -inf runs (the identity), +inf and NaN kept, a
+    value far below the running maximum."""
+    x = torch.randn(4, 37, dtype=dtype) * 30
+    x[0, 5] = x[1, 0] = x[1, 1] = x[1, 2] = float("-inf")
+    x[2, 7], x[3, 9], x[0, 20] = float("inf"), float("nan"), -1000.0
+    got = torch.compile(lambda x: torch.logcumsumexp(x, dim), backend="braze", dynamic=False,
+                        options={"allow_fallback": False, "strict": True})(x)
+    want = torch.logcumsumexp(x, dim)
+    torch.testing.assert_close(got, want, equal_nan=True,
+                               rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0)
