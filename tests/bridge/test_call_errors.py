@@ -94,11 +94,15 @@ def _embedding_renorm(t, i):
 
 
 def _embedding_bag(t, i):
-    """aten.embedding_bag: a host node; torch raises RuntimeError for an index out of
-    range. (aten.gather, then scatter_add served here until braze compiled them: their
-    out-of-range index is then braze's BrazeIndexError, tests/bridge/test_torch_backend.py,
-    tests/importers/test_runtime_scatter.py.)"""
-    return torch.nn.functional.embedding_bag(i, t * 2) + 1
+    """aten._embedding_bag_forward_only with its bag_size output read: a host node (braze
+    compiles the bags' result alone, importers/fx_embedding_bag.py); torch raises
+    RuntimeError for an index out of range. (aten.gather, then scatter_add, then plain
+    embedding_bag served here until braze compiled them: their out-of-range index is then
+    braze's BrazeIndexError, tests/bridge/test_torch_backend.py,
+    tests/importers/test_runtime_scatter.py, tests/importers/test_fx_embedding_bag.py.)"""
+    offsets = torch.arange(0, i.numel(), i.shape[-1])
+    out, _, size, _ = torch.ops.aten._embedding_bag_forward_only(t * 2, i.reshape(-1), offsets)
+    return out + size[:, None]
 
 
 @pytest.mark.parametrize("fn,torch_class,op", [
