@@ -5,12 +5,13 @@ The bags are runs of the 1-d indices that start at `offsets` (ascending, the fir
 with include_last_offset the last offset ends the last bag). Index j is in bag
   seg[j] = #{b : offsets[b] <= j} - 1,
 the prefix sums (importers/scans.py) of a 1 scattered at every bag's start, less one:
-O(N log N) work whatever the bag count. The rows are one gather of the table (times per_sample_weights, mode sum),
-and the reduction one `scatter` into [B, D] at flat positions seg[j] * D + d
-(importers/scatter.py): add for sum and mean (mean then divides by the bag's count, a
-scatter of ones the same way; 0 for an empty bag), max into -inf for max (an empty bag gives 0, as torch). An index
-equal to padding_idx adds nothing and is not counted. An index outside the table is a
-run-time index fault, raised, as torch raises.
+O(N log N) work whatever the bag count. The rows are one gather of the table (times
+per_sample_weights, mode sum), and the reduction one `scatter` into [B, D] at flat
+positions seg[j] * D + d (importers/scatter.py): add for sum and mean (mean then
+divides by the bag's count, a scatter of ones the same way; 0 for an empty bag), max
+into -inf for max (an empty bag gives 0, as torch). An index equal to padding_idx adds
+nothing and is not counted. An index outside the table is a run-time index fault,
+raised, as torch raises.
 
 Only the bags' result is converted: the op's other outputs (offset2bag, bag_size,
 max_indices) are what its backward reads; a graph that reads them keeps the op on torch.

@@ -1,5 +1,5 @@
-"""aten converters for matrix products with a bias and for distances: addbmm, addmv,
-_cdist_forward (torch.cdist), _pdist_forward (torch.pdist) and dist.
+"""aten converters for matrix products with a bias, distances and bilinear forms: addbmm,
+addmv, _cdist_forward (torch.cdist), _pdist_forward (torch.pdist), dist and _trilinear (F.bilinear).
 
   addbmm(input, A, B) = beta * input + alpha * sum_b sum_k A[b, :, k] B[b, k, :]
 added one outer product after another onto beta * input: the order of torch's loop
@@ -208,3 +208,27 @@ def _euclid_by_products(cx: Ctx, x1, x2, out):
     perm = tuple(range(last - 1)) + (last, last - 1)
     sq = cx.op("matmul", lhs, cx.op("transpose", rhs, perm=perm))
     return cx.op("sqrt", cx.op("max", sq, cx.scalar(0.0, dt)))
+
+
+@converts(aten._trilinear.default)
+def _trilinear(cx: Ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """aten's _trilinear (F.bilinear / nn.Bilinear: x1[n, i] A[o, i, j] x2[n, j] summed
+    over i and j): each operand with size-1 dims inserted at its `expand` positions,
+    the three multiplied (broadcast) and summed over `sumdim`; the product and sum are
+    one fused reduction, not a materialized 4-d tensor."""
+    dt = cx.out().dtype
+    if dt not in dtypes.FLOATS:
+        raise Fallback(f"_trilinear giving {dt}")
+
+    def unsqueezed(x, dims):
+        shape = list(x.shape)
+        for d in sorted(int(d) for d in dims):
+            shape.insert(d, 1)
+        return cx.reshape(cx.cast(x, dt), tuple(shape))
+
+    a, b, c = unsqueezed(i1, expand1), unsqueezed(i2, expand2), unsqueezed(i3, expand3)
+    prod = cx.op("mul", cx.op("mul", a, b), c)
+    if sumdim:
+        prod = cx.op("reduce_sum", prod, axes=tuple(sorted(int(d) for d in sumdim)),
+                     keepdims=False)
+    return cx.reshape(prod, tuple(cx.out().shape))

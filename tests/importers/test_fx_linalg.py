@@ -188,3 +188,19 @@ def test_pdist_matches_eager(p, n):
         return torch.nn.functional.pdist(x, p)
 
     _close(_compiled(f)(x), f(x))
+
+
+@pytest.mark.parametrize("shapes,bias", [(((3, 4), (3, 5)), True), (((2, 7, 4), (2, 7, 5)), False)])
+def test_bilinear_trilinear_matches_eager(shapes, bias):
+    """F.bilinear (aten._trilinear): with and without bias, batch dims folded; the
+    product and the sum over i and j import as one multiply-and-reduce, no host node."""
+    x1, x2 = (torch.randn(*s) for s in shapes)
+    a, b = torch.randn(6, 4, 5), torch.randn(6) if bias else None
+    fn = lambda x1, x2: torch.nn.functional.bilinear(x1, x2, a, b)  # noqa: E731
+    close(_compiled(fn)(x1, x2), fn(x1, x2), rtol=1e-5, atol=1e-5)
+    imp = import_fx(make_fx(lambda x1, x2, a: torch.ops.aten._trilinear.default(
+        x1.reshape(-1, 4), a, x2.reshape(-1, 5), [1, 3], [0], [1, 2], [2, 3]))(x1, x2, a),
+        [x1, x2, a])
+    verify(imp.graph)
+    ops = {n.op for n in imp.graph.nodes}
+    assert "reduce_sum" in ops and "host" not in ops
