@@ -79,6 +79,8 @@ def _embedding_bag(cx: Ctx, weight, indices, offsets, scale_grad_by_freq=False, 
     data = cx.op("broadcast", cx.scalar(init, out.dtype), shape=(bags + 1, d))
     total = flat_scatter(cx, data, flat, rows, reduction="add" if how != "max" else "max")
     total = cx.op("slice", total, starts=(0, 0), steps=(1, 1), sizes=(bags, d))
+    if how == "sum":
+        return (total,) + tuple(_unused(cx, i) for i in range(1, len(cx.vals)))
     counts = flat_scatter(cx, cx.op("broadcast", cx.scalar(0.0, out.dtype), shape=(bags + 1,)),
                           target, cx.scalar(1.0, out.dtype), reduction="add")
     counts = cx.reshape(cx.op("slice", counts, starts=(0,), steps=(1,), sizes=(bags,)),

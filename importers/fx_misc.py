@@ -107,11 +107,9 @@ def _frexp(cx: Ctx, x):
     and k taken from e. float16 is computed in float32 (its values, subnormals included,
     are normal there and m fits float16 exactly)."""
     dt = cx.out(0).dtype
-    if dt not in dtypes.FLOATS:
+    if dt not in ("f16", "f32", "f64"):
         raise Fallback(f"frexp of {dt}")
     work = dt if dt in _FREXP else "f32"
-    if dt not in _FREXP and dt != "f16":
-        raise Fallback(f"frexp of {dt}")
     ity, bits, mask, half, k = _FREXP[work]
     x = cx.cast(x, work)
     smallest = float(np.finfo(dtypes.to_numpy(work)).tiny)
@@ -122,8 +120,9 @@ def _frexp(cx: Ctx, x):
     field = cx.op("bitand", cx.op("shr", i, cx.scalar(bits, ity)), cx.scalar(mask, ity))
     e = cx.op("sub", field, cx.scalar(half, ity))
     e = cx.op("sub", e, cx.op("select", sub, cx.scalar(k, ity), cx.scalar(0, ity)))
-    keep = ~(mask << bits) & ((1 << (bits + 1 + int(np.log2(mask + 1)))) - 1)
-    m_bits = cx.op("bitor", cx.op("bitand", i, cx.scalar(_signed(keep, ity), ity)),
+    # the sign bit and the mantissa, as the signed integer they make
+    keep = -(1 << (int(ity[1:]) - 1)) | ((1 << bits) - 1)
+    m_bits = cx.op("bitor", cx.op("bitand", i, cx.scalar(keep, ity)),
                    cx.scalar(half << bits, ity))
     m = cx.op("bitcast", m_bits, to=work)
     special = cx.op("or", cx.op("eq", x, cx.scalar(0.0, work)),
@@ -131,12 +130,6 @@ def _frexp(cx: Ctx, x):
     m = cx.op("select", special, x, m)
     e = cx.op("select", special, cx.scalar(0, ity), e)
     return cx.cast(m, dt), cx.cast(e, "i32")
-
-
-def _signed(value: int, ity: str) -> int:
-    """The two's complement value of an unsigned bit pattern in the signed `ity`."""
-    width = int(ity[1:])
-    return value - (1 << width) if value >= 1 << (width - 1) else value
 
 
 @converts(aten.angle.default)
@@ -194,6 +187,7 @@ def _diagonal_scatter(cx: Ctx, x, src, offset=0, dim1=0, dim2=1):
     diagonal's flat positions in x's row-major order, in src's order (x's other dims,
     then the diagonal), and one gather as for as_strided_scatter."""
     from importers.scans import scatter_nd_ir
+    from importers.scatter import strides
 
     if not x.type.static or not src.type.static:
         raise Fallback("diagonal_scatter with a dynamic shape")
@@ -204,14 +198,14 @@ def _diagonal_scatter(cx: Ctx, x, src, offset=0, dim1=0, dim2=1):
     length = max(0, min(shape[d1] - max(0, -offset), shape[d2] - max(0, offset)))
     if length == 0:
         return x
-    strides = [int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(rank)]
+    st = strides(shape)
     others = [k for k in range(rank) if k not in (d1, d2)]
     grids = np.meshgrid(*[np.arange(shape[k], dtype=np.int64) for k in others],
                         np.arange(length, dtype=np.int64), indexing="ij")
     t = grids[-1]
-    pos = (t + max(0, -offset)) * strides[d1] + (t + max(0, offset)) * strides[d2]
+    pos = (t + max(0, -offset)) * st[d1] + (t + max(0, offset)) * st[d2]
     for k, g in zip(others, grids[:-1]):
-        pos = pos + g * strides[k]
+        pos = pos + g * st[k]
     return scatter_nd_ir(cx, x, cx.reshape(cx.cast(src, x.dtype), pos.shape), pos)
 
 
@@ -232,7 +226,7 @@ def _masked_scatter(cx: Ctx, x, mask, src):
         return cx.cast(x, out.dtype)
     if s == 0:
         raise Fallback("masked_scatter from an empty source")
-    m = cx.op("ne", cx.cast(mask, "bool"), cx.scalar(False, "bool"))
+    m = cx.cast(mask, "bool")
     if tuple(m.shape) != tuple(out.shape):
         m = cx.op("broadcast", m, shape=out.shape)
     m = cx.reshape(m, (n,))

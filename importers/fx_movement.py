@@ -59,8 +59,13 @@ def _expand(cx: Ctx, x, sizes, implicit=False):
 def _full_like(cx: Ctx, x, fill_value, **kwargs):
     """A scalar broadcast to x's shape (only x's metadata is read; zeros_like decomposes
     to this)."""
+    return _filled(cx, fill_value)
+
+
+def _filled(cx: Ctx, value):
+    """The node's output shape and dtype filled with the scalar `value`."""
     out = cx.out()
-    v = cx.scalar(fill_value, out.dtype)
+    v = cx.scalar(value, out.dtype)
     return v if out.shape == () else cx.op("broadcast", v, shape=out.shape)
 
 
@@ -68,9 +73,7 @@ def _full_like(cx: Ctx, x, fill_value, **kwargs):
 def _new_empty_strided(cx: Ctx, x, size, stride, **kwargs):
     """An uninitialized tensor of x's kind: zeros (any values are its contents; only x's
     metadata is read)."""
-    out = cx.out()
-    return cx.op("broadcast", cx.scalar(0, out.dtype), shape=out.shape) if out.shape else \
-        cx.scalar(0, out.dtype)
+    return _filled(cx, 0)
 
 
 def slice_bounds(size: int, start, end, step: int) -> tuple[int, int]:

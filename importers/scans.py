@@ -56,12 +56,12 @@ def _shift(cx, x, axis: int, by: int, fill: float = 0.0):
 
 def cumsum_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False):
     """The prefix sums of x along `axis` (module doc)."""
-    return _scan(cx, x, axis, "add", 0.0, exclusive, reverse)
+    return _scan(cx, x, axis, lambda a, b: cx.op("add", a, b), 0.0, exclusive, reverse)
 
 
 def cumprod_ir(cx, x, axis: int, exclusive: bool = False, reverse: bool = False):
     """The prefix products of x along `axis` (module doc)."""
-    return _scan(cx, x, axis, "mul", 1.0, exclusive, reverse)
+    return _scan(cx, x, axis, lambda a, b: cx.op("mul", a, b), 1.0, exclusive, reverse)
 
 
 def logcumsumexp_ir(cx, x, axis: int):
@@ -78,8 +78,8 @@ def logcumsumexp_ir(cx, x, axis: int):
 
 
 def _scan(cx, x, axis: int, combine, identity: float, exclusive: bool, reverse: bool):
-    """Hillis and Steele's scan of x along `axis` with the IR op `combine` (or a function
-    of two IR values), whose identity enters where a step reads before the start."""
+    """Hillis and Steele's scan of x along `axis` with `combine` (two IR values -> one),
+    whose identity enters where a step reads before the start."""
     n = x.shape[axis]
     if n is None:
         raise ValueError("a dynamic scan length")
@@ -89,8 +89,7 @@ def _scan(cx, x, axis: int, combine, identity: float, exclusive: bool, reverse: 
         x = _slice(cx, x, axis, n - 1, -1, n)
     y, span = x, 1
     while span < n:
-        shifted = _shift(cx, y, axis, span, identity)
-        y = combine(y, shifted) if callable(combine) else cx.op(combine, y, shifted)
+        y = combine(y, _shift(cx, y, axis, span, identity))
         span *= 2
     if exclusive:
         y = _shift(cx, y, axis, 1, identity)

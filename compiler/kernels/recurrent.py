@@ -492,7 +492,7 @@ class _SplitItem(_Item):
             self._finish_units(r)
 
     def _split_step(self, b, s, barrier) -> None:
-        shape, nr = self.shape, self.t.nr
+        shape = self.shape
         self.prev = self._previous(b, s)
         self._product_of_units(self.prev, self.g)
         t = b.select(self.reverse, b.sub(_i64(shape.t - 1), s), s)
