@@ -42,6 +42,7 @@ from compiler.codegen.kernel_facts import short_rows as _short_rows
 from compiler.codegen.kernel_facts import signature as _signature
 from compiler.codegen.kernel_facts import transposed_last as _transposed_last
 from compiler.codegen.register_ops import REGISTER_OPS
+from compiler.codegen.register_ops import buffer_of as _buffer_of
 from compiler.codegen.register_ops import operand_kind as _operand_kind
 from compiler.codegen.register_ops import operand_vector as _operand_vector
 from compiler.codegen.short_rows import ShortRows
@@ -515,10 +516,17 @@ class Renderer(RowKernels):
         epilogue)."""
         root, raw = k.root, k.contraction.outputs[0]
         n = root.shape[-1]
-        epi = k.nodes[k.nodes.index(k.contraction) + 1:]  # (before it: a folded operand's)
+        # the nodes after it computed from its result (before it: a folded operand's;
+        # among them, a reshape of an operand, read in its buffer: operand_kind)
+        epi, inside = [], {raw}
+        for node in k.nodes[k.nodes.index(k.contraction) + 1:]:
+            if any(u in inside for u in node.inputs):
+                epi.append(node)
+                inside.add(node.outputs[0])
+            elif node.op != "reshape":
+                return None
         if not epi or root.dtype != "f32" or n % (multiple or self.tile.nr):
             return None
-        inside = {raw} | {node.outputs[0] for node in epi}
         for node in epi:
             if node.op not in REGISTER_OPS or node.outputs[0].dtype != "f32":
                 return None
@@ -567,9 +575,10 @@ class Renderer(RowKernels):
         (measured: ResNet-50's residual epilogues cost ~10 ms a call without it)."""
         root = k.root
         n = root.shape[-1]
-        reads = [u for u in dict.fromkeys(
-            u for node in k.nodes if node is not k.contraction for u in node.inputs)
-            if u in ptrs and u is not root and u.shape == root.shape]
+        reads = list(dict.fromkeys(
+            _buffer_of(u, ptrs) for node in k.nodes if node is not k.contraction
+            for u in node.inputs if u.shape == root.shape and u is not root
+            and _buffer_of(u, ptrs) in ptrs))  # (a reshaped residual: its own buffer)
 
         nr = self.tile.nr
 

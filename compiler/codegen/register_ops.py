@@ -21,12 +21,22 @@ REGISTER_OPS = facets.attach("cpu_vector", {
 })
 
 
+def buffer_of(u: Value, ptrs: dict) -> Value:
+    """The value whose buffer holds `u`'s elements in `u`'s row-major order: `u`, or
+    where `u` has no buffer, the value its reshapes read (a reshape keeps the order)."""
+    while u not in ptrs and u.producer is not None and u.producer.op == "reshape":
+        u = u.producer.inputs[0]
+    return u
+
+
 def operand_kind(u: Value, root: Value, ptrs: dict) -> str | None:
     """How a register epilogue reads `u`: "scalar", "full" (root's shape, a buffer),
-    "row" (N values along the last dim, broadcast over the rows), or None (it cannot)."""
+    "row" (N values along the last dim, broadcast over the rows), or None (it cannot).
+    A reshape of a buffer is read in that buffer (compiler/passes/sink.py leaves the
+    residual stream reshaped to the GEMM's rows)."""
     if u.is_const and u.const_value.size == 1:
         return "scalar"
-    if u not in ptrs or u.dtype != "f32":
+    if buffer_of(u, ptrs) not in ptrs or u.dtype != "f32":
         return None
     if u.shape == root.shape:
         return "full"
@@ -43,8 +53,8 @@ def operand_vector(b, u: Value, root: Value, ptrs: dict, off, col, vtype, mask=N
     kind = operand_kind(u, root, ptrs)
     if kind == "scalar":
         return gemm.splat_constant(b, u.const_value.reshape(-1)[0], vtype)
-    ptr = b.gep(ptrs[u], [off if kind == "full" else col], source_etype=gemm.F32,
-                inbounds=True)
+    ptr = b.gep(ptrs[buffer_of(u, ptrs)], [off if kind == "full" else col],
+                source_etype=gemm.F32, inbounds=True)
     if mask is None:
         return b.load(ptr, typ=vtype, align=4)
     return gemm.masked_load(b, ptr, vtype, mask)

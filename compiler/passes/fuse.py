@@ -329,10 +329,15 @@ def _materialize_deep(graph: Graph, reasons: dict, claimed: set) -> None:
 
 
 def _epilogue_operands(node: Node, chain: list[Node]) -> list[Value]:
-    """The epilogue's other operands that need a buffer (not constants)."""
+    """The epilogue's other operands that need a buffer (not constants); an operand made
+    by reshapes is read in the buffer of the value they reshape (the same order)."""
     inside = {node.outputs[0]} | {e.outputs[0] for e in chain}
-    return [u for e in chain for u in e.inputs if u not in inside
-            and u.producer is not None and u.producer.op != "const"]
+    out = []
+    for u in (u for e in chain for u in e.inputs if u not in inside):
+        u = recurrent.source(u)
+        if u.producer is not None and u.producer.op != "const":
+            out.append(u)
+    return out
 
 
 def _kernels(graph: Graph, materialized: set) -> list[Kernel]:

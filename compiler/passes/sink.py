@@ -16,6 +16,11 @@ kernels against 45 from the ONNX export of the same model, 1.8x the time). Movin
                                                    -> reshape(op(y, c'))
       (c' = c as y's rows see it: Swin's shifted-window mask, added to scores viewed
       per window, becomes an additive mask of the scores themselves)
+  op(reshape(y), c), y a matmul's result, c of op's whole shape
+                                                   -> reshape(op(y, reshape(c)))
+      (a residual add after a projection viewed back to [B, T, N]: GPT-2's Conv1D,
+      ViT's attention out-projection; the add becomes the GEMM's epilogue, reading c
+      in place through its reshape, instead of a loop kernel of its own)
 
 after which reshape(reshape(v)) composes, and back to v's own shape vanishes
 (identities.py). Both rules only move a reshape (no data moves at run time, no value
@@ -95,7 +100,35 @@ def check_elementwise(node: Node, ctx: Context):
         folded = _split_operand(node.inputs[1], y.shape, first.shape)
         if folded is not None:
             return y, folded
-    return "another operand is more than a scalar, a row or a constant over split rows"
+        if _whole_operand_of_contraction(node.inputs[1], y, first):
+            return y, RESHAPED
+    return ("another operand is more than a scalar, a row or a constant over split rows "
+            "(or of the whole shape where the reshaped value is not a contraction's)")
+
+
+# rewrite_elementwise's `folded` for an operand reshaped alongside y
+RESHAPED = "reshaped"
+
+
+def _whole_operand_of_contraction(c: Value, y: Value, first: Value) -> bool:
+    """Whether op(first, c), first = reshape(y), may read c through a reshape to y's shape
+    instead: c has the whole shape (no broadcast), y is a matmul's result or its bias
+    add (an op the epilogue takes), and c is neither (the residual stream): the op then
+    joins y's epilogue, which reads c in its own buffer (register_ops.operand_kind). Never where both are products: the rewrite would move
+    the reshape to the other operand, then back."""
+    return (c.shape == first.shape and c.dtype == first.dtype and _from_contraction(y)
+            and not _from_contraction(c))
+
+
+def _from_contraction(v: Value) -> bool:
+    """A matmul's result, or an elementwise op's that reads one directly (its bias)."""
+    p = v.producer
+    if p is None:
+        return False
+    if p.op == "matmul":
+        return True
+    return p.opdef.family is Family.ELEMENTWISE and any(
+        u.producer is not None and u.producer.op == "matmul" for u in p.inputs)
 
 
 def _split_operand(c: Value, before: tuple, after: tuple):
@@ -123,7 +156,11 @@ def rewrite_elementwise(graph: Graph, node: Node, match) -> Value:
     y, folded = match
     at = graph.nodes.index(node)
     rest = list(node.inputs[1:])
-    if folded is not None:
+    if folded is RESHAPED:
+        rest = [graph.add_node("reshape", rest, {"shape": y.shape}, name=node.name,
+                               index=at).output]
+        at += 1
+    elif folded is not None:
         rest = [new_const(graph, node, folded, node.inputs[1].name)]
         at += 1
     z = graph.add_node(node.op, [y, *rest], dict(node.attrs), name=node.name,

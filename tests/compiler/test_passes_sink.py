@@ -136,3 +136,50 @@ graph g(%x: f32[1,4,5,8]) -> (%y) {
     assert [[n.op for n in k.nodes] for k in kernels] == [["matmul", "add"], ["reshape"]]
     got = CpuStep(compile_graph(g), threads=1).run(xs)[0]
     np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
+
+
+# GPT-2's Conv1D and ViT's out-projection: a 2-d GEMM viewed back to [B, T, N], then the
+# residual stream added
+RESIDUAL = """
+graph g(%x: f32[20,8], %res: f32[1,20,12]) -> (%y) {
+  %w = const() {value=@w} : f32[8,12]
+  %b = const() {value=@b} : f32[12]
+  %m = matmul(%x, %w) : f32[20,12]
+  %a = add(%m, %b) : f32[20,12]
+  %r = reshape(%a) {shape=[1, 20, 12]} : f32[1,20,12]
+  %s = add(%res, %r) : f32[1,20,12]
+  %y = tanh(%s) : f32[1,20,12]
+}"""
+
+
+def test_a_residual_add_after_a_reshaped_projection_joins_its_epilogue():
+    """The GEMM's epilogue adds the residual, read in its own buffer through the reshape
+    (no copy of it, no loop kernel for the add), and the tanh after the reshape too;
+    the cluster's output, the reshaped result, is the one copy left."""
+    g, xs, want = _after_passes(RESIDUAL, {"w": W, "b": B})
+    gemm_k, out_k = plan(g).kernels  # before: GEMM, loop kernel (reshape add tanh)
+    assert gemm_k.contraction.op == "matmul" and gemm_k.impl.name == "gemm"
+    assert sorted(n.op for n in gemm_k.nodes) == ["add", "add", "matmul", "reshape", "tanh"]
+    assert [n.op for n in out_k.nodes] == ["reshape"]
+    got = CpuStep(compile_graph(g), threads=2).run(xs)[0]
+    np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_two_reshaped_products_added_settle():
+    """Both operands reshaped matmul results: the add moves before the reshape, the two
+    reshapes compose away and it reads both products; the pass ends (the rule never
+    moves a reshape onto a product and back)."""
+    g, _, _ = _after_passes("""
+graph g(%x: f32[20,8]) -> (%y) {
+  %w = const() {value=@w} : f32[8,12]
+  %v = const() {value=@v} : f32[8,12]
+  %m1 = matmul(%x, %w) : f32[20,12]
+  %m2 = matmul(%x, %v) : f32[20,12]
+  %r1 = reshape(%m1) {shape=[4, 5, 12]} : f32[4,5,12]
+  %r2 = reshape(%m2) {shape=[4, 5, 12]} : f32[4,5,12]
+  %y = add(%r1, %r2) : f32[4,5,12]
+}""", {"w": W, "v": 2 * W})
+    add = next(n for n in g.nodes if n.op == "add")
+    assert [u.producer.op for u in add.inputs] == ["matmul", "matmul"]
+    assert [n.op for n in g.nodes if n.op != "const"] == ["matmul", "matmul", "add",
+                                                          "reshape"]
