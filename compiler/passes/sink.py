@@ -100,27 +100,27 @@ def check_elementwise(node: Node, ctx: Context):
         folded = _split_operand(node.inputs[1], y.shape, first.shape)
         if folded is not None:
             return y, folded
-        if _whole_operand_of_contraction(node.inputs[1], y, first):
+        if _whole_operand_beside_product(node.inputs[1], y, first):
             return y, RESHAPED
     return ("another operand is more than a scalar, a row or a constant over split rows "
-            "(or of the whole shape where the reshaped value is not a contraction's)")
+            "(or of the whole shape beside a reshaped value that is not a matmul's)")
 
 
 # rewrite_elementwise's `folded` for an operand reshaped alongside y
 RESHAPED = "reshaped"
 
 
-def _whole_operand_of_contraction(c: Value, y: Value, first: Value) -> bool:
+def _whole_operand_beside_product(c: Value, y: Value, first: Value) -> bool:
     """Whether op(first, c), first = reshape(y), may read c through a reshape to y's shape
     instead: c has the whole shape (no broadcast), y is a matmul's result or its bias
-    add (an op the epilogue takes), and c is neither (the residual stream): the op then
-    joins y's epilogue, which reads c in its own buffer (register_ops.operand_kind). Never where both are products: the rewrite would move
-    the reshape to the other operand, then back."""
-    return (c.shape == first.shape and c.dtype == first.dtype and _from_contraction(y)
-            and not _from_contraction(c))
+    add (an op the epilogue takes), and c is neither (the residual stream). The op then
+    joins y's epilogue, which reads c in its own buffer (register_ops.operand_kind).
+    Never where both are products: the reshape would move to the other one, then back."""
+    return (c.shape == first.shape and c.dtype == first.dtype and _from_matmul(y)
+            and not _from_matmul(c))
 
 
-def _from_contraction(v: Value) -> bool:
+def _from_matmul(v: Value) -> bool:
     """A matmul's result, or an elementwise op's that reads one directly (its bias)."""
     p = v.producer
     if p is None:
