@@ -2,7 +2,8 @@
 
 Each check raises InvalidModelError naming the node: the ONNX checker's node rules
 (attributes known and of the right type, required ones present, input and output
-counts); 0/1 flags holding 0 or 1; the schema's type constraints on the input types;
+counts); 0/1 flags holding 0 or 1; the schema's type constraints on the input types
+(and the one type of an input the schema fixes, such as an axes input's int64);
 the window attributes of convolutions and pools (kernel_shape, strides, dilations
 positive; a pool's kernel_shape present and of the input's spatial rank; a conv's
 weight of the input's rank and channels; no window larger than its padded input);
@@ -79,7 +80,10 @@ class NodeChecker:
             param = formal.type_str
             heterogeneous = formal.option == formal.option.Variadic and \
                 not formal.is_homogeneous
-            if param in allowed and text not in allowed[param]:
+            if param in allowed and text not in allowed[param] or \
+                    param not in allowed and param.startswith("tensor(") and text != param:
+                # (a formal of one fixed type, such as Unsqueeze's and ReduceSum's axes,
+                # tensor(int64), names it instead of a type parameter)
                 raise InvalidModelError(f"{desc}: input {i} ({name!r}) is {text}, which "
                                         f"{node.op_type} does not take there")
             if param in allowed and not heterogeneous and \

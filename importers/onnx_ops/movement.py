@@ -87,7 +87,9 @@ def convert_unsqueeze(cx: NodeContext):
 
 @converter("Transpose", 1)
 def convert_transpose(cx: NodeContext):
-    perm = cx.attr("perm") or list(range(cx.x.type.rank))[::-1]
+    perm = cx.attr("perm")  # absent: the axes reversed; given, even empty: as given
+    if perm is None:
+        perm = list(range(cx.x.type.rank))[::-1]
     if sorted(perm) != list(range(cx.x.type.rank)):
         raise InvalidModelError(f"{cx.describe}: perm {list(perm)} is not a permutation of "
                                 f"the {cx.x.type.rank} axes")

@@ -128,7 +128,10 @@ def classify(name: str, data: bytes) -> Result:
     want, ort_error = _onnxruntime(data, feeds)
     try:
         model = bridge.compile_onnx(data)
-        got = model(**feeds)
+        # by name, unless a flipped byte left a name that is not UTF-8 (protobuf gives
+        # bytes, which Python takes as no keyword): then in the inputs' order
+        named = all(isinstance(k, str) for k in feeds)
+        got = model(**feeds) if named else model(*feeds.values())
     except bridge.BrazeError as e:
         return Result(name, "braze error", f"{type(e).__name__}: {str(e)[:200]}")
     except Exception as e:

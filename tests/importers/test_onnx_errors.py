@@ -7,7 +7,7 @@ import re
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from compiler.errors import InputError, InvalidModelError, ModelLoadError, UnsupportedModelError
 from importers.onnx import import_onnx, load_model
@@ -138,3 +138,18 @@ def test_contrib_op_is_a_host_node_not_an_error():
     (node,) = import_onnx(model).graph.nodes
     assert node.op == "host" and node.attrs["reason"] == "no braze converter for " \
         "com.microsoft.FastGelu"
+
+
+def test_transpose_with_an_empty_perm_given_is_refused_unless_a_scalar():
+    """perm given as an empty list is not the default (the axes reversed): onnxruntime
+    refuses it for a tensor of rank > 0, and so does braze; for a scalar it is the one
+    permutation there is."""
+    def model(rank):
+        node = helper.make_node("Transpose", ["x"], ["y"], name="t0")
+        node.attribute.append(helper.make_attribute("perm", [], attr_type=AttributeProto.INTS))
+        shape = [2, 3][:rank]
+        return _model([node], [_vi("x", shape)], [_vi("y", shape[::-1])])
+
+    with pytest.raises(InvalidModelError, match=r"perm \[\] is not a permutation of the 2"):
+        import_onnx(model(2))
+    assert import_onnx(model(0)) is not None

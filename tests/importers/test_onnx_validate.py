@@ -91,6 +91,15 @@ BAD = {
                             [("s", np.array([4, 2], np.int64))]), ["r0", "reshape"]),
     "output_type": (_model([helper.make_node("Relu", ["x"], ["y"], name="r0")],
                            [("x", F, [2, 3])], [("y", T.INT32, [2, 3])]), ["'y'", "INT32"]),
+    # an input the schema fixes to one type (axes: tensor(int64)) given another
+    "unsqueeze_axes_double": (_model([helper.make_node("Unsqueeze", ["x", "ax"], ["y"],
+                                                       name="u0")],
+                                     [("x", F, [2, 3])], [("y", F, None)],
+                                     [("ax", np.array([0.0]))]), ["u0", "double"]),
+    "reducesum_axes_float": (_model([helper.make_node("ReduceSum", ["x", "ax"], ["y"],
+                                                      name="s0")],
+                                    [("x", F, [2, 3])], [("y", F, None)],
+                                    [("ax", np.array([1.0], np.float32))]), ["s0", "float"]),
 }
 
 
