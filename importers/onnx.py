@@ -132,6 +132,9 @@ class _Importer:
         self.checker = NodeChecker(model)
 
     def run(self, input_shapes: dict) -> OnnxImport:
+        if not self.model.graph.output:  # (onnxruntime loads it, then refuses every run)
+            raise InvalidModelError("the graph declares no outputs: there is nothing to "
+                                    "compute")
         inputs = self._add_inputs(input_shapes)
         self.typer = HostTyper(self.model, self.opsets, self._bound_input_types(inputs))
         self._add_initializers()

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import onnx
 import onnx.defs
-from onnx import FunctionProto, GraphProto, NodeProto, TypeProto, helper, shape_inference
+from onnx import (AttributeProto, FunctionProto, GraphProto, NodeProto, TypeProto, helper,
+                  shape_inference)
 
 from importers.onnx_load import DEFAULT_DOMAINS
 
@@ -30,12 +31,16 @@ INFERENCE_DATA_LIMIT = 1024
 
 
 def subgraphs(node: NodeProto) -> list[GraphProto]:
-    """The graphs held by the node's attributes (If branches, Loop/Scan bodies)."""
+    """The graphs held by the node's attributes (If branches, Loop/Scan bodies): those of
+    GRAPH or GRAPHS type, or of none (the oldest models name no type; a graph in an
+    attribute of another type is malformed, which the ONNX checker refuses:
+    onnx_validate.py)."""
     out = []
     for attr in node.attribute:
-        if attr.HasField("g"):
+        if attr.HasField("g") and attr.type in (AttributeProto.GRAPH, AttributeProto.UNDEFINED):
             out.append(attr.g)
-        out.extend(attr.graphs)
+        if attr.type in (AttributeProto.GRAPHS, AttributeProto.UNDEFINED):
+            out.extend(attr.graphs)
     return out
 
 

@@ -101,6 +101,24 @@ def test_duplicate_definition():
         import_onnx(_model(nodes, [_vi("x", [2])], [_vi("y", [2])]))
 
 
+def test_a_graph_without_outputs_is_refused():
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    with pytest.raises(InvalidModelError, match=r"declares no outputs"):
+        import_onnx(_model(nodes, [_vi("x", [2])], []))
+
+
+def test_an_attribute_of_int_type_holding_a_graph_is_refused():
+    """A flipped byte left ArgMax's keepdims (type INT) holding a graph: the ONNX checker
+    and onnxruntime refuse it; the node is not taken for one with a subgraph."""
+    node = helper.make_node("ArgMax", ["x"], ["y"], name="a0", axis=0)
+    keep = helper.make_attribute("keepdims", 0)
+    keep.graphs.add()
+    node.attribute.append(keep)
+    with pytest.raises(InvalidModelError, match=r'"a0".*keepdims'):
+        import_onnx(_model([node], [_vi("x", [2, 3])],
+                           [helper.make_tensor_value_info("y", TensorProto.INT64, [3])]))
+
+
 def test_output_defined_nowhere():
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     with pytest.raises(InvalidModelError, match=r"graph output 'z'"):
