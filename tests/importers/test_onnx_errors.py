@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from compiler.errors import InputError, InvalidModelError, ModelLoadError, UnsupportedModelError
+from compiler.errors import (CompileError, InputError, InvalidModelError, ModelLoadError,
+                             UnsupportedModelError)
 from importers.onnx import import_onnx, load_model
 from tests.bridge import badmodels
 
@@ -171,3 +172,14 @@ def test_transpose_with_an_empty_perm_given_is_refused_unless_a_scalar():
     with pytest.raises(InvalidModelError, match=r"perm \[\] is not a permutation of the 2"):
         import_onnx(model(2))
     assert import_onnx(model(0)) is not None
+
+
+def test_a_tensor_larger_than_the_memory_available_is_refused_at_compile():
+    """A Pad asking for 2^40 rows (a fuzzed model's pads) is a CompileError naming the
+    node and the size, not an allocation that fails, or gets the process killed, at run."""
+    pads = numpy_helper.from_array(np.array([1 << 40, 0, 0, 0], np.int64), "pads")
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["y"], name="p0")]
+    model = _model(nodes, [_vi("x", [2, 3])], [_vi("y", None)], [pads])
+    with pytest.raises(CompileError, match=r'"p0".*GiB, more than the .* GiB of memory '
+                                           r'this machine has available'):
+        import_onnx(model)
