@@ -456,8 +456,7 @@ def _unconvertible(inputs: list) -> str:
 def _check_sizes(graph: Graph) -> None:
     """CompileError for a tensor larger than the memory this machine has available now
     (a model whose pads or shapes ask for one would fail allocating it at every call, or
-    be killed by the kernel's out-of-memory killer: a fuzzed Pad of 117 million rows,
-    9.9 GiB, was)."""
+    get the process killed by the kernel's out-of-memory killer)."""
     limit = _memory_bytes()
     for n in graph.nodes:
         for v in n.outputs:
