@@ -5,7 +5,8 @@ Each check raises InvalidModelError naming the node: the ONNX checker's node rul
 counts); 0/1 flags holding 0 or 1; the schema's type constraints on the input types
 (and the one type of an input the schema fixes, such as an axes input's int64);
 the window attributes of convolutions and pools (kernel_shape, strides, dilations
-positive; a pool's kernel_shape present and of the input's spatial rank; a conv's
+positive; a pool's kernel_shape present and of the input's spatial rank, and its pads
+each smaller than the kernel; a conv's
 weight of the input's rank and channels; no window larger than its padded input);
 and integer Div / Mod by a constant divisor holding a zero. onnxruntime refuses each
 of these; braze's kernels would otherwise run them and answer garbage (MaxPool with
@@ -29,6 +30,8 @@ WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "
 # the schema marks it optional; converters would then index None)
 NEEDS_KERNEL = frozenset({"MaxPool", "AveragePool", "LpPool", "MaxUnpool"})
 INT_DIVIDES = frozenset({"Div", "Mod"})
+# pools whose pads must each be smaller than the kernel (onnxruntime's PoolAttributes)
+POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 # 0/1 flags: runtimes disagree on other values (onnxruntime reads keepdims=-1 as 0)
 FLAGS = frozenset({"keepdims", "transA", "transB", "ceil_mode", "count_include_pad",
                    "noop_with_empty_axes", "allowzero", "fmod", "select_last_index",
@@ -119,6 +122,14 @@ def _window(node: NodeProto, desc: str, in_types: dict[str, TypeProto]) -> None:
         if x is not None and len(x) >= 2 and len(values) != len(x) - 2:
             raise InvalidModelError(f"{desc}: {name} {values} has {len(values)} entries; "
                                     f"the input has {len(x) - 2} spatial dims")
+    pads = next((list(a.ints) for a in node.attribute if a.name == "pads"), None)
+    kernel = attrs.get("kernel_shape")
+    if node.op_type in POOLS and pads and kernel and len(pads) == 2 * len(kernel) and any(
+            p >= kernel[i % len(kernel)] for i, p in enumerate(pads)):
+        # onnxruntime: "Pad should be smaller than kernel" (a window wholly in the pads
+        # would pool nothing)
+        raise InvalidModelError(f"{desc}: pads {pads} must each be smaller than the kernel "
+                                f"{kernel}")
     if x is not None and node.op_type in ("Conv", "MaxPool", "AveragePool", "LpPool"):
         w = _dims(in_types.get(node.input[1])) if node.op_type == "Conv" and \
             len(node.input) > 1 else None

@@ -91,6 +91,9 @@ BAD = {
                             [("s", np.array([4, 2], np.int64))]), ["r0", "reshape"]),
     "output_type": (_model([helper.make_node("Relu", ["x"], ["y"], name="r0")],
                            [("x", F, [2, 3])], [("y", T.INT32, [2, 3])]), ["'y'", "INT32"]),
+    "avgpool_pad_not_under_kernel": (_model([helper.make_node(
+        "AveragePool", ["x"], ["y"], name="p0", kernel_shape=[3, 3], pads=[1, 1, 3, 1])],
+        [POOL_X], [("y", F, None)]), ["p0", "pads"]),
     # an input the schema fixes to one type (axes: tensor(int64)) given another
     "unsqueeze_axes_double": (_model([helper.make_node("Unsqueeze", ["x", "ax"], ["y"],
                                                        name="u0")],
