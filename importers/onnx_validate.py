@@ -130,7 +130,7 @@ def _window(node: NodeProto, desc: str, in_types: dict[str, TypeProto]) -> None:
         # would pool nothing)
         raise InvalidModelError(f"{desc}: pads {pads} must each be smaller than the kernel "
                                 f"{kernel}")
-    if x is not None and node.op_type in ("Conv", "MaxPool", "AveragePool", "LpPool"):
+    if x is not None and (node.op_type == "Conv" or node.op_type in POOLS):
         w = _dims(in_types.get(node.input[1])) if node.op_type == "Conv" and \
             len(node.input) > 1 else None
         _window_fits(node, desc, x, attrs, w)

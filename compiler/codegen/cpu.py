@@ -575,10 +575,10 @@ class Renderer(RowKernels):
         (measured: ResNet-50's residual epilogues cost ~10 ms a call without it)."""
         root = k.root
         n = root.shape[-1]
-        reads = list(dict.fromkeys(
-            _buffer_of(u, ptrs) for node in k.nodes if node is not k.contraction
-            for u in node.inputs if u.shape == root.shape and u is not root
-            and _buffer_of(u, ptrs) in ptrs))  # (a reshaped residual: its own buffer)
+        # full-shape operands, each read in its buffer (a reshaped residual: its source's)
+        full = (_buffer_of(u, ptrs) for node in k.nodes if node is not k.contraction
+                for u in node.inputs if u.shape == root.shape and u is not root)
+        reads = [u for u in dict.fromkeys(full) if u in ptrs]
 
         nr = self.tile.nr
 
