@@ -155,3 +155,71 @@ def test_fingerprint_words_cover_each_end_and_stay_inside(dtype, n):
     fp = Fingerprint([t])
     assert fp.sampled_bytes() <= n * t.element_size()
     assert all(int(a) + 8 <= t.data_ptr() + n * t.element_size() for a in fp._words)
+
+
+# -- the compiled state check ---------------------------------------------------
+
+def _has_entry() -> bool:
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    return isinstance(getattr(guards, "_torchinductor_pyobject_tensor_data_ptr", None), int)
+
+
+needs_entry = pytest.mark.skipif(not _has_entry(), reason="this torch has no C entry for "
+                                 "a tensor object's data pointer: the Python maps run")
+
+
+@needs_entry
+def test_probe_finds_the_version_counter():
+    from bridge.frozen import _version_fields
+
+    assert _version_fields() is not None
+
+
+@needs_entry
+@pytest.mark.parametrize("write,seen", [
+    (lambda ws: ws[0].__setitem__((1, 2), 7.0), True),  # middle element: the version
+    (lambda ws: setattr(ws[1], "data", torch.randn(6)), True),  # new storage
+    (lambda ws: ws[1].data.mul_(2), False),  # no version bump: the fingerprint's job
+], ids=["setitem", "data=", "data.mul_"])
+def test_tensor_state_sees_versions_and_storage(write, seen):
+    from bridge.frozen import TensorState
+
+    ws = (nn.Parameter(torch.randn(4, 4)), nn.Parameter(torch.randn(6)), torch.randn(3))
+    state = TensorState.of(ws)
+    assert state is not None and state.same(ws)
+    with torch.no_grad():
+        write(ws)
+    assert state.same(ws) is not seen
+    assert not state.same((ws[0], ws[1], torch.randn(3)))  # another object
+
+
+@needs_entry
+def test_tensor_state_refuses_what_it_cannot_read():
+    from bridge.frozen import TensorState
+
+    with torch.inference_mode():
+        inference = torch.randn(3)  # no version counter
+    class Sub(torch.Tensor):
+        pass
+    assert TensorState.of((torch.randn(2), inference)) is None
+    assert TensorState.of((torch.randn(2).as_subclass(Sub),)) is None
+    assert TensorState.of((torch.randn(2), 3)) is None
+
+
+@needs_entry
+@pytest.mark.parametrize("write", [
+    lambda p: p.__setitem__(50, 1.0),  # between the fingerprint's samples
+    lambda p: setattr(p, "data", torch.randn_like(p)),
+    lambda p: p.data.mul_(2),
+], ids=["setitem", "data=", "data.mul_"])
+def test_frozen_weights_check_in_compiled_code(write):
+    """After the first call the check runs compiled (`_native`); every kind of write is
+    still seen, and the next call is quiet again."""
+    w = [nn.Parameter(torch.randn(100)), nn.Parameter(torch.randn(2, 3))]
+    fw = FrozenWeights([0, 2])
+    args = [w[0], torch.randn(2), w[1]]
+    assert not fw.changed(args)
+    assert fw._native is not None and not fw.changed(args)
+    with torch.no_grad():
+        write(w[0])
+    assert fw.changed(args) and not fw.changed(args)
