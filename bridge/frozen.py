@@ -21,7 +21,7 @@ lines and pages it touches, not its instructions. On mobilenet_v2 (262 weights),
 timed right after a 100 ms pause and one call, the fingerprint of evenly spaced
 samples (up to 16 lines and pages a weight) cost ~0.3 ms of a 5 ms call, this one
 ~0.13 ms; with benchmarks/zoo.py's 20 ms of lead-in calls both were within that
-machine's noise. The storage and version reads (~0.2 ms there) remain.
+machine's noise. The storage and version reads (~0.2 ms there) remained: see below.
 
 A write through `.data` that leaves every sampled element as it was (entries in the
 middle of a weight changed by hand, say) is not seen; README.md, "Three ways to use

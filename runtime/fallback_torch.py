@@ -53,7 +53,8 @@ def to_numpy(x):
     """A C-contiguous numpy view of a CPU tensor (copied only when not contiguous)."""
     if not isinstance(x, torch.Tensor):
         return x
-    x = x.detach()
+    if x.requires_grad:  # (detach() builds a new tensor: only where numpy() needs it)
+        x = x.detach()
     if not x.is_contiguous():
         x = x.contiguous()
     if x.is_conj():
