@@ -111,7 +111,7 @@ class TensorState:
         self._impls = np.array([t._cdata for t in tensors], np.uint64)
         self._ptrs = np.array([t.data_ptr() for t in tensors], np.uint64)
         self._versions = np.array([t._version for t in tensors], np.uint32)
-        self._data_ptr_fn, self._counter_at, self._count_at = fields
+        self._data_ptr_fn, self._counter_at, self._count_at, self._storage_at = fields
 
     @classmethod
     def of(cls, tensors: tuple) -> TensorState | None:
@@ -142,7 +142,8 @@ class TensorState:
         if not all(map(operator.is_, tensors, self.objects)):
             return False
         return native().state_difference(*self._tables(), self._ptrs.ctypes.data,
-                                         self._versions.ctypes.data) == len(self._objs)
+                                         self._versions.ctypes.data,
+                                         self._storage_at) == len(self._objs)
 
 
 # Tensor types whose objects the compiled check reads (a subclass could keep its data
@@ -151,6 +152,9 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # Words of a tensor's C++ object searched for its version counter's pointer, and bytes
 # of the counter searched for its count (a 32-bit word after the object's header).
 _IMPL_WORDS = 16
+# Cache lines of a tensor's C++ object prefetched before the check (data_ptr() reads
+# fields across it; a line past its end is a harmless hint).
+IMPL_LINES = 4
 _COUNT_BYTES = range(8, 24, 4)
 
 
@@ -158,7 +162,7 @@ _COUNT_BYTES = range(8, 24, 4)
 def _version_fields() -> tuple | None:
     """(torch's C entry reading a tensor object's data pointer, the byte offset of the
     version counter's pointer in a tensor's C++ object, that of the count in the
-    counter), or None where this torch has no such entry or the probe finds no one
+    counter, that of the storage's pointer in the object), or None where this torch has no such entry or the probe finds no one
     answer. The counter's pointer is the word that a tensor shares with its `detach()`
     (same counter) and not with its `.data` (same storage, a counter of its own) nor
     with another tensor; the count is the word of the counter that follows `_version`
@@ -178,6 +182,10 @@ def _version_fields() -> tuple | None:
         if len(found) != 1:
             return None
         counter_at = 8 * found[0]
+        # the storage's pointer (only prefetched through: a wrong guess costs a hint)
+        shared = [i for i in range(_IMPL_WORDS)
+                  if wa[i] == walias[i] == wdata[i] and wa[i] != wother[i] and wa[i]]
+        storage_at = 8 * shared[0] if shared else counter_at
 
         def count(t, at):
             return ctypes.c_uint32.from_address(words(t)[found[0]] + at).value
@@ -188,7 +196,7 @@ def _version_fields() -> tuple | None:
             counts = [at for at in counts if count(a, at) == a._version]
         if len(counts) != 1:
             return None
-        fields = (entry, counter_at, counts[0])
+        fields = (entry, counter_at, counts[0], storage_at)
         # the same reads on kinds of weights, through the compiled code
         probes = (torch.nn.Parameter(torch.randn(3, 4)), torch.randn(8)[2:],
                   torch.zeros(2, dtype=torch.float64), other)
@@ -383,15 +391,67 @@ exit:
   ret void
 }
 
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
+
+define private void @prefetch_lines(ptr %base, i64 %at, i64 %lines) {
+entry:
+  %p0 = getelementptr i8, ptr %base, i64 %at
+  br label %loop
+loop:
+  %k = phi i64 [ 0, %entry ], [ %knext, %loop ]
+  %off = mul i64 %k, 64
+  %p = getelementptr i8, ptr %p0, i64 %off
+  call void @llvm.prefetch.p0(ptr %p, i32 0, i32 3, i32 1)
+  %knext = add i64 %k, 1
+  %more = icmp ult i64 %knext, %lines
+  br i1 %more, label %loop, label %done
+done:
+  ret void
+}
+
+; Two passes of prefetches before the checks, so the cache misses of all the tensors
+; overlap instead of following one another: each tensor's C++ object (IMPL_LINES lines),
+; then, through the words just fetched, its version counter and its storage.
+define private void @prefetch_state(ptr %impls, i64 %n, i64 %counter_at, i64 %storage_at) {
+entry:
+  br label %first
+first:
+  %i = phi i64 [ 0, %entry ], [ %inext, %first ]
+  %is = getelementptr ptr, ptr %impls, i64 %i
+  %impl = load ptr, ptr %is
+  call void @prefetch_lines(ptr %impl, i64 0, i64 IMPL_LINES)
+  %inext = add i64 %i, 1
+  %imore = icmp ult i64 %inext, %n
+  br i1 %imore, label %first, label %second
+second:
+  %j = phi i64 [ 0, %first ], [ %jnext, %second ]
+  %js = getelementptr ptr, ptr %impls, i64 %j
+  %jimpl = load ptr, ptr %js
+  %cs = getelementptr i8, ptr %jimpl, i64 %counter_at
+  %counter = load ptr, ptr %cs
+  call void @llvm.prefetch.p0(ptr %counter, i32 0, i32 3, i32 1)
+  %ss = getelementptr i8, ptr %jimpl, i64 %storage_at
+  %storage = load ptr, ptr %ss
+  call void @prefetch_lines(ptr %storage, i64 0, i64 2)
+  %jnext = add i64 %j, 1
+  %jmore = icmp ult i64 %jnext, %n
+  br i1 %jmore, label %second, label %done
+done:
+  ret void
+}
+
 define i64 @state_difference(ptr %objs, ptr %impls, i64 %n, ptr %data_ptr, i64 %counter_at,
-                             i64 %count_at, ptr %ptrs, ptr %versions) {
+                             i64 %count_at, ptr %ptrs, ptr %versions, i64 %storage_at) {
 entry:
   %pslot = alloca ptr
   %vslot = alloca i32
   %empty = icmp eq i64 %n, 0
-  br i1 %empty, label %exit, label %loop
+  br i1 %empty, label %exit, label %warm
+warm:
+  call void @prefetch_state(ptr %impls, i64 %n, i64 %counter_at, i64 %storage_at)
+  br label %loop
 loop:
-  %i = phi i64 [ 0, %entry ], [ %next, %cont ]
+  %i = phi i64 [ 0, %warm ], [ %next, %cont ]
   call void @tensor_state(ptr %objs, ptr %impls, i64 %i, ptr %data_ptr, i64 %counter_at,
                           i64 %count_at, ptr %pslot, ptr %vslot)
   %p = load ptr, ptr %pslot
@@ -414,7 +474,8 @@ exit:
 }
 """
 _NATIVE_IR = (_NATIVE_TEMPLATE.format(name="word", ty="i64")
-              + _NATIVE_TEMPLATE.format(name="byte", ty="i8") + _STATE_IR)
+              + _NATIVE_TEMPLATE.format(name="byte", ty="i8")
+              + _STATE_IR.replace("IMPL_LINES", str(IMPL_LINES)))
 
 
 class _Native:
@@ -435,7 +496,7 @@ class _Native:
         state = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
         self.read_state = ctypes.PYFUNCTYPE(None, *state)(self._jit.address("read_state"))
-        self.state_difference = ctypes.PYFUNCTYPE(ctypes.c_int64, *state)(
+        self.state_difference = ctypes.PYFUNCTYPE(ctypes.c_int64, *state, ctypes.c_int64)(
             self._jit.address("state_difference"))
 
 

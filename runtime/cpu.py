@@ -130,6 +130,23 @@ class CpuStep:
                 raise InputError(f"input %{self._inputs[i].name} must have shape {shape}, "
                                  f"got {a.shape}")
             t[i] = _address(a)
+        return self._call(state, keep)
+
+    def run_at(self, addresses: list, keep: list) -> list[np.ndarray]:
+        """`run` on inputs given by their data addresses, each a dense C-order block of
+        that input's shape and dtype (the caller's check: bridge/torch_backend.py's
+        tensors, read in place), alive in `keep` (the same objects, in input order)."""
+        if self._fn is None:
+            self._refuse_to_run()
+        state = self._local.__dict__.get("state") or self._thread_state()
+        t = state[0]
+        for i, a in enumerate(addresses):
+            t[i] = a
+        return self._call(state, keep)
+
+    def _call(self, state: tuple, keep: list) -> list[np.ndarray]:
+        """Fresh outputs into the table, the compiled code's call, faults, the results."""
+        t, pools, address = state
         outs = [pool.take() for pool in pools]
         base = len(self._inputs)
         for i, o in enumerate(outs):
@@ -140,6 +157,17 @@ class CpuStep:
         if len(outs) == len(self.graph.outputs):
             return outs  # the common case: every output computed, each once
         return self._results(outs, keep)
+
+    @property
+    def input_specs(self) -> list[tuple]:
+        """(shape, numpy dtype) of each input, in order."""
+        return list(zip(self._in_shapes, self._in_dtypes))
+
+    @property
+    def computes_outputs(self) -> bool:
+        """Whether every result is an output buffer of the code (none an input, a
+        constant or a repeat, which `run` copies from its arguments)."""
+        return len(self._outputs) == len(self.graph.outputs)
 
     def profile(self, arrays: list, rounds: int = 10) -> list[float]:
         """Seconds per kernel (in `kernels` order): the median over `rounds` calls of a

@@ -57,6 +57,12 @@ class Executable:
             only is not None and only.args == self.input_slots and not self.constants
             and only.results == self.output_slots and not any(self._copy)) else None
 
+    @property
+    def direct(self) -> StepFn | None:
+        """The one step that reads the inputs and writes the outputs as they are (a model
+        compiled whole), which `run` calls directly; None where there are several."""
+        return self._direct
+
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self._direct is not None:
             return list(self._direct(arrays))
