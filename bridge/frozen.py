@@ -30,12 +30,14 @@ it", says so.
 Checks 1 and 2 run in compiled code too (`TensorState`), while the call passes the
 same tensor objects as the last one: a Python map of `data_ptr` and one of `_version`
 over mobilenet_v2's 262 weights cost ~0.16 ms a call on cold caches (a Python call,
-two integer objects and a list per weight). The data pointer comes from torch's own C
-entry for inductor's generated code (`_torchinductor_pyobject_tensor_data_ptr`); the
-version counter from the tensor's C++ object, at offsets this process finds once by
-probing tensors whose counters it knows (`_version_fields`), then checks against
-`_version` on every weight it will watch. Where either is missing (another torch
-build), the Python maps run, as they always did.
+two integer objects and a list per weight). The code only loads: each tensor's data
+pointer and version count, from its C++ object at offsets this process finds once by
+probing tensors whose answers it knows (`_state_fields`), checked against `data_ptr()`
+and `_version` on every weight it will watch. It calls nothing in torch (torch's own C
+entry for a data pointer throws a C++ exception on a tensor whose storage refuses
+access, and one through compiled code ends the process), and a null storage or counter
+is a change. Where the probe finds no one answer (another torch build), the Python
+maps run, as they always did.
 """
 
 from __future__ import annotations
@@ -103,22 +105,24 @@ def _state(weights) -> object:
 class TensorState:
     """Data pointers and version counters of tensor objects, as when this was made:
     `same(tensors)` says whether `tensors` are those objects (identity) and each still
-    has that data pointer and version, in one call of compiled code."""
+    has that data pointer and version, in one call of compiled code that only loads
+    (no call into torch, whose accessors may throw: a C++ exception through compiled
+    code would end the process)."""
 
     def __init__(self, tensors: tuple, fields: tuple):
-        self.objects = tensors  # kept alive: their addresses are in the tables
-        self._objs = np.array([id(t) for t in tensors], np.uint64)
+        self.objects = tensors  # kept alive: their C++ objects' addresses are in a table
         self._impls = np.array([t._cdata for t in tensors], np.uint64)
+        self._sizes = np.array([t.element_size() for t in tensors], np.uint64)
         self._ptrs = np.array([t.data_ptr() for t in tensors], np.uint64)
         self._versions = np.array([t._version for t in tensors], np.uint32)
-        self._data_ptr_fn, self._counter_at, self._count_at, self._storage_at = fields
+        self._fields = fields
 
     @classmethod
     def of(cls, tensors: tuple) -> TensorState | None:
         """The state of `tensors`, or None where compiled code cannot read it: no probed
         fields in this torch, a non-tensor or a tensor that has no storage or version
         counter of its own (inference tensors), or a read that disagrees with torch's."""
-        fields = _version_fields()
+        fields = _state_fields()
         if fields is None or not tensors or not all(
                 type(t) in _PLAIN and t.is_cpu and not t.is_inference() for t in tensors):
             return None
@@ -126,86 +130,107 @@ class TensorState:
             state = cls(tensors, fields)
         except (RuntimeError, TypeError, ValueError):
             return None
-        n = len(tensors)
-        reads = native().read_state
-        ptrs, versions = np.empty(n, np.uint64), np.empty(n, np.uint32)
-        reads(*state._tables(), ptrs.ctypes.data, versions.ctypes.data)
-        if not (np.array_equal(ptrs, state._ptrs) and np.array_equal(versions, state._versions)):
-            return None
-        return state
+        return state if state._reads_agree() else None
 
     def _tables(self) -> tuple:
-        return (self._objs.ctypes.data, self._impls.ctypes.data, len(self._objs),
-                self._data_ptr_fn, self._counter_at, self._count_at)
+        return (self._impls.ctypes.data, self._sizes.ctypes.data, len(self._impls),
+                *self._fields)
+
+    def _reads_agree(self) -> bool:
+        n = len(self._impls)
+        ptrs, versions = np.empty(n, np.uint64), np.empty(n, np.uint32)
+        native().read_state(*self._tables(), ptrs.ctypes.data, versions.ctypes.data)
+        return np.array_equal(ptrs, self._ptrs) and np.array_equal(versions, self._versions)
 
     def same(self, tensors) -> bool:
         if not all(map(operator.is_, tensors, self.objects)):
             return False
         return native().state_difference(*self._tables(), self._ptrs.ctypes.data,
-                                         self._versions.ctypes.data,
-                                         self._storage_at) == len(self._objs)
+                                         self._versions.ctypes.data) == len(self._impls)
 
 
 # Tensor types whose objects the compiled check reads (a subclass could keep its data
 # elsewhere: those take the Python maps).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-# Words of a tensor's C++ object searched for its version counter's pointer, and bytes
-# of the counter searched for its count (a 32-bit word after the object's header).
+# Words of a tensor's C++ object, and of its storage's, searched by the probe; bytes of
+# the version counter searched for its count (a 32-bit word after the object's header).
 _IMPL_WORDS = 16
-# Cache lines of a tensor's C++ object prefetched before the check (data_ptr() reads
-# fields across it; a line past its end is a harmless hint).
-IMPL_LINES = 4
+_OFFSET_WORDS = 32  # the storage offset lies past the sizes and strides kept inline
+_STORAGE_WORDS = 8
 _COUNT_BYTES = range(8, 24, 4)
+# Cache lines of a tensor's C++ object prefetched before the check (a line past its end
+# is a harmless hint).
+IMPL_LINES = 4
+
+
+def _words(address: int, count: int) -> list[int]:
+    return [ctypes.c_uint64.from_address(address + 8 * i).value for i in range(count)]
+
+
+def _only(found: list) -> int | None:
+    return found[0] if len(found) == 1 else None
 
 
 @functools.cache
-def _version_fields() -> tuple | None:
-    """(torch's C entry reading a tensor object's data pointer, the byte offset of the
-    version counter's pointer in a tensor's C++ object, that of the count in the
-    counter, that of the storage's pointer in the object), or None where this torch has no such entry or the probe finds no one
-    answer. The counter's pointer is the word that a tensor shares with its `detach()`
-    (same counter) and not with its `.data` (same storage, a counter of its own) nor
-    with another tensor; the count is the word of the counter that follows `_version`
-    through in-place updates."""
-    entry = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
-    entry = getattr(entry, "_torchinductor_pyobject_tensor_data_ptr", None)
-    if not isinstance(entry, int) or not entry:
-        return None
-    words = lambda t: [ctypes.c_uint64.from_address(t._cdata + 8 * i).value  # noqa: E731
-                       for i in range(_IMPL_WORDS)]
+def _state_fields() -> tuple | None:
+    """Byte offsets of what the compiled check reads, found once per process by probing
+    tensors whose answers are known: (the version counter's pointer in a tensor's C++
+    object, the count in the counter, the storage's pointer in the object, the data
+    pointer in the storage, the storage offset in the object); None where the probe
+    finds no one answer for each.
+    - the counter's pointer: the word a tensor shares with its `detach()` (same
+      counter) and not with its `.data` (same storage, a counter of its own) nor with
+      another tensor;
+    - the count: the 32-bit word of the counter that follows `_version` through
+      in-place updates;
+    - the storage's pointer: the word the three share and another tensor does not,
+      through which the storage's data pointer is found;
+    - the storage offset: the word that is 3 in `x[3:]`, 5 in `x[5:]` and 0 in `x`.
+    Every read is then checked against torch's, through the compiled code, on kinds of
+    weights, and again on every tensor a TensorState is made for."""
     with torch.no_grad():
-        a, other = torch.zeros(4), torch.zeros(4)
+        a, other = torch.zeros(16), torch.zeros(16)
         alias, data = a.detach(), a.data
-        wa, walias, wdata, wother = map(words, (a, alias, data, other))
-        found = [i for i in range(_IMPL_WORDS)
-                 if wa[i] == walias[i] and wa[i] not in (wdata[i], wother[i]) and wa[i]]
-        if len(found) != 1:
+        wa, walias, wdata, wother = (_words(t._cdata, _IMPL_WORDS)
+                                     for t in (a, alias, data, other))
+        counter = _only([i for i in range(_IMPL_WORDS) if wa[i] and wa[i] == walias[i]
+                         and wa[i] not in (wdata[i], wother[i])])
+        if counter is None:
             return None
-        counter_at = 8 * found[0]
-        # the storage's pointer (only prefetched through: a wrong guess costs a hint)
-        shared = [i for i in range(_IMPL_WORDS)
-                  if wa[i] == walias[i] == wdata[i] and wa[i] != wother[i] and wa[i]]
-        storage_at = 8 * shared[0] if shared else counter_at
 
         def count(t, at):
-            return ctypes.c_uint32.from_address(words(t)[found[0]] + at).value
+            return ctypes.c_uint32.from_address(_words(t._cdata, _IMPL_WORDS)[counter]
+                                                + at).value
 
         counts = [at for at in _COUNT_BYTES if count(a, at) == a._version]
         for _ in range(3):
             a.add_(1)
             counts = [at for at in counts if count(a, at) == a._version]
-        if len(counts) != 1:
+        storages = [i for i in range(_IMPL_WORDS) if wa[i] and wa[i] == walias[i] ==
+                    wdata[i] and wa[i] != wother[i] and i != counter]
+        # the storage's pointer is the candidate whose object holds the data pointer, at
+        # the same place in a storage of torch's allocator (whose context word holds it
+        # too) and in one wrapping numpy's memory (whose context is numpy's array)
+        outside = torch.from_numpy(np.zeros(16, np.float32))
+        found = []
+        for i in storages:
+            theirs = _words(outside._cdata, _IMPL_WORDS)[i]
+            held = [j for j, (w, v) in enumerate(zip(_words(wa[i], _STORAGE_WORDS),
+                                                     _words(theirs, _STORAGE_WORDS)))
+                    if w == a.untyped_storage().data_ptr() and
+                    v == outside.untyped_storage().data_ptr()]
+            found += [(i, j) for j in held]
+        views = [_words(t._cdata, _OFFSET_WORDS) for t in (a, a[3:], a[5:])]
+        offsets = [i for i in range(_OFFSET_WORDS)
+                   if (views[0][i], views[1][i], views[2][i]) == (0, 3, 5)]
+        if len(counts) != 1 or len(found) != 1 or len(offsets) != 1:
             return None
-        fields = (entry, counter_at, counts[0], storage_at)
-        # the same reads on kinds of weights, through the compiled code
+        fields = (8 * counter, counts[0], 8 * found[0][0], 8 * found[0][1], 8 * offsets[0])
         probes = (torch.nn.Parameter(torch.randn(3, 4)), torch.randn(8)[2:],
-                  torch.zeros(2, dtype=torch.float64), other)
+                  torch.zeros(2, dtype=torch.float64), other, torch.arange(6)[1::2])
         probes[0].data.mul_(2)
         probes[1].add_(1)
-        state = TensorState(probes, fields)
-        ptrs, versions = np.empty(len(probes), np.uint64), np.empty(len(probes), np.uint32)
-        native().read_state(*state._tables(), ptrs.ctypes.data, versions.ctypes.data)
-        if not (np.array_equal(ptrs, state._ptrs) and np.array_equal(versions, state._versions)):
+        if not TensorState(probes, fields)._reads_agree():
             return None
     return fields
 
@@ -351,39 +376,65 @@ exit:
   ret i64 %r
 }}
 """
-# read_state(objs, impls, n, data_ptr, counter_at, count_at, ptrs, versions): each
-# tensor's data pointer (torch's entry `data_ptr` on its object) and version count (a
-# u32 `count_at` bytes into the counter whose pointer is `counter_at` bytes into its
-# C++ object); state_difference(the same six, ptrs, versions): the first i whose
-# pointer or count differs from ptrs[i] / versions[i], else n.
+# The compiled check's loads, with the offsets _state_fields found. tensor_state(impls,
+# sizes, i, fields..., ptr, count): tensor i's data pointer (its storage's data pointer
+# plus its storage offset times its element size) into *ptr and its version count into
+# *count; false (nothing stored) where the storage or the counter is null. read_state
+# (impls, sizes, n, fields..., ptrs, versions) stores every tensor's (0 and 2^32 - 1
+# where one is null); state_difference(the same) answers the first i whose pointer or
+# count differs from ptrs[i] / versions[i] or is null, else n.
+_STATE_FIELDS = ("i64 %counter_at, i64 %count_at, i64 %storage_at, i64 %data_at, "
+                 "i64 %offset_at")
 _STATE_IR = """
-define private void @tensor_state(ptr %objs, ptr %impls, i64 %i, ptr %data_ptr,
-                                  i64 %counter_at, i64 %count_at, ptr %ptr, ptr %count) {
-  %os = getelementptr ptr, ptr %objs, i64 %i
-  %obj = load ptr, ptr %os
-  %p = call ptr %data_ptr(ptr %obj)
-  store ptr %p, ptr %ptr
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
+
+define private i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, FIELDS, ptr %ptr,
+                                ptr %count) {
+entry:
   %is = getelementptr ptr, ptr %impls, i64 %i
   %impl = load ptr, ptr %is
+  %ss = getelementptr i8, ptr %impl, i64 %storage_at
+  %storage = load ptr, ptr %ss
+  %nostorage = icmp eq ptr %storage, null
+  br i1 %nostorage, label %null, label %storage_ok
+storage_ok:
+  %ds = getelementptr i8, ptr %storage, i64 %data_at
+  %data = load i64, ptr %ds
+  %os = getelementptr i8, ptr %impl, i64 %offset_at
+  %offset = load i64, ptr %os
+  %zs = getelementptr i64, ptr %sizes, i64 %i
+  %size = load i64, ptr %zs
+  %bytes = mul i64 %offset, %size
+  %p = add i64 %data, %bytes
+  store i64 %p, ptr %ptr
   %cs = getelementptr i8, ptr %impl, i64 %counter_at
   %counter = load ptr, ptr %cs
+  %nocounter = icmp eq ptr %counter, null
+  br i1 %nocounter, label %null, label %counter_ok
+counter_ok:
   %vs = getelementptr i8, ptr %counter, i64 %count_at
   %v = load atomic i32, ptr %vs monotonic, align 4
   store i32 %v, ptr %count
-  ret void
+  ret i1 true
+null:
+  ret i1 false
 }
 
-define void @read_state(ptr %objs, ptr %impls, i64 %n, ptr %data_ptr, i64 %counter_at,
-                        i64 %count_at, ptr %ptrs, ptr %versions) {
+define void @read_state(ptr %impls, ptr %sizes, i64 %n, FIELDS, ptr %ptrs, ptr %versions) {
 entry:
   %empty = icmp eq i64 %n, 0
   br i1 %empty, label %exit, label %loop
 loop:
-  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
-  %pp = getelementptr ptr, ptr %ptrs, i64 %i
+  %i = phi i64 [ 0, %entry ], [ %next, %cont ]
+  %pp = getelementptr i64, ptr %ptrs, i64 %i
   %vp = getelementptr i32, ptr %versions, i64 %i
-  call void @tensor_state(ptr %objs, ptr %impls, i64 %i, ptr %data_ptr, i64 %counter_at,
-                          i64 %count_at, ptr %pp, ptr %vp)
+  %ok = call i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, ARGS, ptr %pp, ptr %vp)
+  br i1 %ok, label %cont, label %none
+none:
+  store i64 0, ptr %pp
+  store i32 -1, ptr %vp
+  br label %cont
+cont:
   %next = add i64 %i, 1
   %more = icmp ult i64 %next, %n
   br i1 %more, label %loop, label %exit
@@ -391,16 +442,13 @@ exit:
   ret void
 }
 
-declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
-
-define private void @prefetch_lines(ptr %base, i64 %at, i64 %lines) {
+define private void @prefetch_lines(ptr %base, i64 %lines) {
 entry:
-  %p0 = getelementptr i8, ptr %base, i64 %at
   br label %loop
 loop:
   %k = phi i64 [ 0, %entry ], [ %knext, %loop ]
   %off = mul i64 %k, 64
-  %p = getelementptr i8, ptr %p0, i64 %off
+  %p = getelementptr i8, ptr %base, i64 %off
   call void @llvm.prefetch.p0(ptr %p, i32 0, i32 3, i32 1)
   %knext = add i64 %k, 1
   %more = icmp ult i64 %knext, %lines
@@ -410,16 +458,16 @@ done:
 }
 
 ; Two passes of prefetches before the checks, so the cache misses of all the tensors
-; overlap instead of following one another: each tensor's C++ object (IMPL_LINES lines),
-; then, through the words just fetched, its version counter and its storage.
-define private void @prefetch_state(ptr %impls, i64 %n, i64 %counter_at, i64 %storage_at) {
+; overlap instead of following one another: each tensor's C++ object (IMPL_LINES
+; lines), then, through the words just fetched, its version counter and its storage.
+define private void @prefetch_state(ptr %impls, i64 %n, FIELDS) {
 entry:
   br label %first
 first:
   %i = phi i64 [ 0, %entry ], [ %inext, %first ]
   %is = getelementptr ptr, ptr %impls, i64 %i
   %impl = load ptr, ptr %is
-  call void @prefetch_lines(ptr %impl, i64 0, i64 IMPL_LINES)
+  call void @prefetch_lines(ptr %impl, i64 IMPL_LINES)
   %inext = add i64 %i, 1
   %imore = icmp ult i64 %inext, %n
   br i1 %imore, label %first, label %second
@@ -429,10 +477,12 @@ second:
   %jimpl = load ptr, ptr %js
   %cs = getelementptr i8, ptr %jimpl, i64 %counter_at
   %counter = load ptr, ptr %cs
-  call void @llvm.prefetch.p0(ptr %counter, i32 0, i32 3, i32 1)
+  %cp = getelementptr i8, ptr %counter, i64 %count_at
+  call void @llvm.prefetch.p0(ptr %cp, i32 0, i32 3, i32 1)
   %ss = getelementptr i8, ptr %jimpl, i64 %storage_at
   %storage = load ptr, ptr %ss
-  call void @prefetch_lines(ptr %storage, i64 0, i64 2)
+  %dp = getelementptr i8, ptr %storage, i64 %data_at
+  call void @llvm.prefetch.p0(ptr %dp, i32 0, i32 3, i32 1)
   %jnext = add i64 %j, 1
   %jmore = icmp ult i64 %jnext, %n
   br i1 %jmore, label %second, label %done
@@ -440,27 +490,29 @@ done:
   ret void
 }
 
-define i64 @state_difference(ptr %objs, ptr %impls, i64 %n, ptr %data_ptr, i64 %counter_at,
-                             i64 %count_at, ptr %ptrs, ptr %versions, i64 %storage_at) {
+define i64 @state_difference(ptr %impls, ptr %sizes, i64 %n, FIELDS, ptr %ptrs,
+                             ptr %versions) {
 entry:
-  %pslot = alloca ptr
+  %pslot = alloca i64
   %vslot = alloca i32
   %empty = icmp eq i64 %n, 0
   br i1 %empty, label %exit, label %warm
 warm:
-  call void @prefetch_state(ptr %impls, i64 %n, i64 %counter_at, i64 %storage_at)
+  call void @prefetch_state(ptr %impls, i64 %n, ARGS)
   br label %loop
 loop:
   %i = phi i64 [ 0, %warm ], [ %next, %cont ]
-  call void @tensor_state(ptr %objs, ptr %impls, i64 %i, ptr %data_ptr, i64 %counter_at,
-                          i64 %count_at, ptr %pslot, ptr %vslot)
-  %p = load ptr, ptr %pslot
+  %ok = call i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, ARGS, ptr %pslot,
+                              ptr %vslot)
+  br i1 %ok, label %compare, label %exit
+compare:
+  %p = load i64, ptr %pslot
   %v = load i32, ptr %vslot
-  %sp = getelementptr ptr, ptr %ptrs, i64 %i
-  %s = load ptr, ptr %sp
+  %sp = getelementptr i64, ptr %ptrs, i64 %i
+  %s = load i64, ptr %sp
   %sv = getelementptr i32, ptr %versions, i64 %i
   %w = load i32, ptr %sv
-  %psame = icmp eq ptr %p, %s
+  %psame = icmp eq i64 %p, %s
   %vsame = icmp eq i32 %v, %w
   %same = and i1 %psame, %vsame
   br i1 %same, label %cont, label %exit
@@ -469,10 +521,10 @@ cont:
   %more = icmp ult i64 %next, %n
   br i1 %more, label %loop, label %exit
 exit:
-  %r = phi i64 [ %n, %entry ], [ %i, %loop ], [ %n, %cont ]
+  %r = phi i64 [ %n, %entry ], [ %i, %loop ], [ %i, %compare ], [ %n, %cont ]
   ret i64 %r
 }
-"""
+""".replace("FIELDS", _STATE_FIELDS).replace("ARGS", _STATE_FIELDS)
 _NATIVE_IR = (_NATIVE_TEMPLATE.format(name="word", ty="i64")
               + _NATIVE_TEMPLATE.format(name="byte", ty="i8")
               + _STATE_IR.replace("IMPL_LINES", str(IMPL_LINES)))
@@ -492,11 +544,12 @@ class _Native:
                 self._jit.address(f"gather_{name}")))
             setattr(self, f"first_{name}_difference", ctypes.CFUNCTYPE(
                 ctypes.c_int64, *args)(self._jit.address(f"first_{name}_difference")))
-        # these call into torch with Python objects: the GIL stays held (PYFUNCTYPE)
-        state = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+        # these read torch's objects: the GIL stays held (PYFUNCTYPE), so no other
+        # Python thread changes them meanwhile
+        state = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_int64] * 5,
+                 ctypes.c_void_p, ctypes.c_void_p)
         self.read_state = ctypes.PYFUNCTYPE(None, *state)(self._jit.address("read_state"))
-        self.state_difference = ctypes.PYFUNCTYPE(ctypes.c_int64, *state, ctypes.c_int64)(
+        self.state_difference = ctypes.PYFUNCTYPE(ctypes.c_int64, *state)(
             self._jit.address("state_difference"))
 
 
