@@ -223,9 +223,11 @@ def _state_fields() -> tuple | None:
         views = [_words(t._cdata, _OFFSET_WORDS) for t in (a, a[3:], a[5:])]
         offsets = [i for i in range(_OFFSET_WORDS)
                    if (views[0][i], views[1][i], views[2][i]) == (0, 3, 5)]
-        if len(counts) != 1 or len(found) != 1 or len(offsets) != 1:
+        count_at, offset = _only(counts), _only(offsets)
+        storage, data_at = _only(found) or (None, None)
+        if None in (count_at, storage, offset):
             return None
-        fields = (8 * counter, counts[0], 8 * found[0][0], 8 * found[0][1], 8 * offsets[0])
+        fields = (8 * counter, count_at, 8 * storage, 8 * data_at, 8 * offset)
         probes = (torch.nn.Parameter(torch.randn(3, 4)), torch.randn(8)[2:],
                   torch.zeros(2, dtype=torch.float64), other, torch.arange(6)[1::2])
         probes[0].data.mul_(2)
@@ -428,7 +430,7 @@ loop:
   %i = phi i64 [ 0, %entry ], [ %next, %cont ]
   %pp = getelementptr i64, ptr %ptrs, i64 %i
   %vp = getelementptr i32, ptr %versions, i64 %i
-  %ok = call i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, ARGS, ptr %pp, ptr %vp)
+  %ok = call i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, FIELDS, ptr %pp, ptr %vp)
   br i1 %ok, label %cont, label %none
 none:
   store i64 0, ptr %pp
@@ -442,24 +444,10 @@ exit:
   ret void
 }
 
-define private void @prefetch_lines(ptr %base, i64 %lines) {
-entry:
-  br label %loop
-loop:
-  %k = phi i64 [ 0, %entry ], [ %knext, %loop ]
-  %off = mul i64 %k, 64
-  %p = getelementptr i8, ptr %base, i64 %off
-  call void @llvm.prefetch.p0(ptr %p, i32 0, i32 3, i32 1)
-  %knext = add i64 %k, 1
-  %more = icmp ult i64 %knext, %lines
-  br i1 %more, label %loop, label %done
-done:
-  ret void
-}
-
 ; Two passes of prefetches before the checks, so the cache misses of all the tensors
-; overlap instead of following one another: each tensor's C++ object (IMPL_LINES
-; lines), then, through the words just fetched, its version counter and its storage.
+; overlap instead of following one another: each tensor's C++ object (its first
+; IMPL_LINES lines), then, through the words just fetched, its version counter and its
+; storage.
 define private void @prefetch_state(ptr %impls, i64 %n, FIELDS) {
 entry:
   br label %first
@@ -467,7 +455,7 @@ first:
   %i = phi i64 [ 0, %entry ], [ %inext, %first ]
   %is = getelementptr ptr, ptr %impls, i64 %i
   %impl = load ptr, ptr %is
-  call void @prefetch_lines(ptr %impl, i64 IMPL_LINES)
+IMPL_PREFETCHES
   %inext = add i64 %i, 1
   %imore = icmp ult i64 %inext, %n
   br i1 %imore, label %first, label %second
@@ -498,11 +486,11 @@ entry:
   %empty = icmp eq i64 %n, 0
   br i1 %empty, label %exit, label %warm
 warm:
-  call void @prefetch_state(ptr %impls, i64 %n, ARGS)
+  call void @prefetch_state(ptr %impls, i64 %n, FIELDS)
   br label %loop
 loop:
   %i = phi i64 [ 0, %warm ], [ %next, %cont ]
-  %ok = call i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, ARGS, ptr %pslot,
+  %ok = call i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, FIELDS, ptr %pslot,
                               ptr %vslot)
   br i1 %ok, label %compare, label %exit
 compare:
@@ -524,10 +512,13 @@ exit:
   %r = phi i64 [ %n, %entry ], [ %i, %loop ], [ %i, %compare ], [ %n, %cont ]
   ret i64 %r
 }
-""".replace("FIELDS", _STATE_FIELDS).replace("ARGS", _STATE_FIELDS)
+""".replace("FIELDS", _STATE_FIELDS)
 _NATIVE_IR = (_NATIVE_TEMPLATE.format(name="word", ty="i64")
               + _NATIVE_TEMPLATE.format(name="byte", ty="i8")
-              + _STATE_IR.replace("IMPL_LINES", str(IMPL_LINES)))
+              + _STATE_IR.replace("IMPL_PREFETCHES", "".join(
+                  f"  %line{k} = getelementptr i8, ptr %impl, i64 {64 * k}\n"
+                  f"  call void @llvm.prefetch.p0(ptr %line{k}, i32 0, i32 3, i32 1)\n"
+                  for k in range(IMPL_LINES))))
 
 
 class _Native:
