@@ -199,16 +199,47 @@ def host() -> Target:
 
 
 def _host_caches() -> tuple[int, int]:
-    """(L1D, L2) bytes of this machine's cores, or the defaults where the OS does not say."""
-    def size(name: str, default: int) -> int:
+    """(L1D, L2) bytes of one of this machine's cores: the OS's sysconf where Python knows
+    the names, else Linux's sysfs cache descriptions, else the defaults (some Pythons
+    lack SC_LEVEL2_CACHE_SIZE: an Intel Xeon's 2 MiB L2 then read as the 1 MiB default)."""
+    sysfs = _sysfs_caches()
+
+    def size(name: str, level: tuple[int, str], default: int) -> int:
         try:
             value = os.sysconf(name)
         except (ValueError, OSError, AttributeError):
-            return default
-        return value if value and value > 0 else default
+            value = 0
+        return value if value and value > 0 else sysfs.get(level, default)
 
-    return (size("SC_LEVEL1_DCACHE_SIZE", DEFAULT_L1D_BYTES),
-            size("SC_LEVEL2_CACHE_SIZE", DEFAULT_L2_BYTES))
+    return (size("SC_LEVEL1_DCACHE_SIZE", (1, "Data"), DEFAULT_L1D_BYTES),
+            size("SC_LEVEL2_CACHE_SIZE", (2, "Unified"), DEFAULT_L2_BYTES))
+
+
+_SYSFS_CACHES = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def _sysfs_caches(root: str | None = None) -> dict[tuple[int, str], int]:
+    """{(level, type): bytes} of cpu0's caches as sysfs describes them ("48K", "2048K";
+    type Data, Instruction or Unified); empty where there is no such directory."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    found = {}
+    try:
+        root = root or _SYSFS_CACHES
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return found
+    for entry in entries:
+        def read(field: str, entry=entry) -> str:
+            with open(os.path.join(root, entry, field)) as f:
+                return f.read().strip()
+        try:
+            level, kind, size = int(read("level")), read("type"), read("size")
+        except (OSError, ValueError):
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", size)
+        if m:
+            found[(level, kind)] = int(m.group(1)) * units[m.group(2)]
+    return found
 
 
 def parse(spec) -> Target:

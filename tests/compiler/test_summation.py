@@ -124,12 +124,14 @@ def _gemm_errors(k: int, monkeypatch, block: int):
 @pytest.mark.parametrize("k", [768, 3072])
 def test_long_gemm_is_as_accurate_as_torch(k, monkeypatch):
     """BERT's 768- and 3072-long rows: summed straight through, braze's rms error against
-    float64 was 2x and 4x torch's float32 matmul's (5.0e-7 and 1.0e-6 against 2.5e-7,
-    over seeds); in blocks 0.8-0.9x."""
+    float64 was 2x and 4x torch's float32 matmul's on an AMD Zen 4 (5.0e-7 and 1.0e-6
+    against 2.5e-7, over seeds); in blocks 0.8-0.9x. torch's own error depends on its
+    BLAS's path for the CPU (3.5e-7 on an Intel Xeon): blocks must match it or do
+    better, and do much better than summing straight through (2.4x and 4.4x there)."""
     got, eager = _gemm_errors(k, monkeypatch, summation.SUM_BLOCK)
     straight, _ = _gemm_errors(k, monkeypatch, 1 << 30)
     assert got <= eager, (got, eager)
-    assert straight > 1.8 * eager, (straight, eager)
+    assert straight > 1.8 * got, (straight, got)
 
 
 def test_direct_conv_is_as_accurate_as_torch(monkeypatch):

@@ -299,3 +299,25 @@ graph r(%x: f32[64,{row}], %b: f32[{row}]) -> (%y) {{
     b = rng.standard_normal(row).astype(np.float32)
     np.testing.assert_allclose(CpuStep(cg).run([x, b])[0], np.tanh(x.astype(np.float64) + b),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_host_caches_read_from_sysfs_where_sysconf_is_silent(tmp_path, monkeypatch):
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "64K"),
+                                             (2, "Unified", "2048K"), (3, "Unified", "480M")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    (tmp_path / "uevent").write_text("")  # not a cache directory: skipped
+    found = targets._sysfs_caches(str(tmp_path))
+    assert found == {(1, "Data"): 48 << 10, (1, "Instruction"): 64 << 10,
+                     (2, "Unified"): 2 << 20, (3, "Unified"): 480 << 20}
+    monkeypatch.setattr(targets, "_SYSFS_CACHES", str(tmp_path))
+
+    def no_sysconf(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(targets.os, "sysconf", no_sysconf)
+    assert targets._host_caches() == (48 << 10, 2 << 20)
+    assert targets._sysfs_caches(str(tmp_path / "missing")) == {}
