@@ -99,7 +99,7 @@ class ConvShape:
     def copies_rows(self) -> bool:
         """A 1x1 conv (each output pixel reads one input pixel's Cin channels) whose
         pixels are a multiple of 4 KiB apart: its tiles read their rows from a padded
-        copy, made once per row block (gemm.packed_rows), so tiles go row-block-major."""
+        copy, made once per row block and panel group (gemm.packed_rows, tile_order)."""
         return self.kh == self.kw == 1 and gemm.copies_rows(self.cin * self.strides[1] * 4,
                                                             self.cin)
 
@@ -182,8 +182,8 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
         if after is not None:
             after(b, rows, row0, panel)
 
-    by_rows = gemm.row_major(t, s.k, s.cout, s.m) or s.copies_rows
-    group = gemm.panel_group(t, s.k, s.cout, s.n * s.h * s.w * s.cin * 4, by_rows)
+    by_rows, group = gemm.tile_order(t, s.k, s.cout, s.m, s.n * s.h * s.w * s.cin * 4,
+                                     s.copies_rows)
     gemm.for_each_tile(b, t, s.m, s.cout, item, tile, by_rows, group)
 
 

@@ -282,8 +282,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
         if after is not None:
             after(b, rows, row0, panel)
 
-    by_rows = row_major(t, shape.k, shape.n, shape.m) or copies
-    group = panel_group(t, shape.k, shape.n, shape.m * shape.k * 4, by_rows)
+    by_rows, group = tile_order(t, shape.k, shape.n, shape.m, shape.m * shape.k * 4, copies)
     for_each_tile(b, t, shape.m, shape.n, item, tile, by_rows, group)
 
 
@@ -353,6 +352,25 @@ def panel_group(t: Tile, k: int, n: int, a_bytes: int, by_rows: bool) -> int:
         return 1
     panels = -(-n // t.nr)
     return max(1, min(panels, (t.l2_bytes // 2) // (k * t.nr * 4)))
+
+
+def tile_order(t: Tile, k: int, n: int, m: int, a_bytes: int, copies: bool) -> tuple[bool, int]:
+    """(by_rows, group) for for_each_tile: `row_major`'s choice, else panel-major in
+    `panel_group`s. Tiles that read their rows from a copy (`packed_rows`, keyed by the
+    row block) go row-block-major where the weight fits L2, so a thread copies a row
+    block once for all its panels. A larger weight would then come from L3 or memory
+    once per row block: it walks groups of panels that fill half of L2 instead, each row
+    block in turn over the group (one copy per row block and group). ResNet-50's 7 x 7
+    1x1 convs from 1024 or 2048 channels (4-8 MiB weights, M = 49 in 5 row blocks),
+    in the model on an Intel Xeon, 2 threads: 1.59 and 0.74 ms row-block-major against
+    onnxruntime's 1.12 and 0.52."""
+    if row_major(t, k, n, m):
+        return True, 1
+    if copies:
+        if k * -(-n // t.nr) * t.nr * 4 <= t.l2_bytes:
+            return True, 1
+        return False, max(1, min(-(-n // t.nr), (t.l2_bytes // 2) // (k * t.nr * 4)))
+    return False, panel_group(t, k, n, a_bytes, False)
 
 
 def block_start(m: int, mr: int, rb: int) -> int:

@@ -211,7 +211,7 @@ def test_winograd_3x3_matches_torch(x_shape, cout, pads, m, rtol, monkeypatch):
 
 @pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
 def test_winograd_blocks_past_the_register_tile_match_torch(spec, monkeypatch):
-    """Where U is larger than L2 (here 2 MiB), a block holds more tiles than the
+    """Where U is larger than L2 (here 8 MiB), a block holds more tiles than the
     micro-kernel's MR rows and runs them as several row chunks per panel (as even as can
     be, those of one size in a loop): on AVX-512 (MR 12) and AVX2 (MR 6) alike, the numbers are a
     direct conv's."""
@@ -220,7 +220,7 @@ def test_winograd_blocks_past_the_register_tile_match_torch(spec, monkeypatch):
 
     monkeypatch.setattr(winograd, "tile_size", lambda s: 2)
     rng = np.random.default_rng(9)
-    x_shape, cout = (1, 14, 16, 128), 256  # 56 tiles of 2x2: 4 blocks of 14
+    x_shape, cout = (1, 14, 16, 128), 1024  # 56 tiles of 2x2: 4 blocks of 14
     w = rng.standard_normal((cout, x_shape[3], 3, 3)).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
     g = _conv_graph(x_shape, w, bias, (1, 1), (1, 1, 1, 1), (1, 1))

@@ -138,6 +138,38 @@ def test_rows_4k_apart_are_copied_once_per_row_block():
     assert f"alloca float, i64 {TILE.mr * (512 + gemm.ROW_PAD)}" not in ir_text
 
 
+def test_copied_rows_of_a_weight_past_l2_walk_panel_groups(monkeypatch):
+    """Copied rows (K = 1024) go row-block-major only where the weight fits L2; a larger
+    one walks groups of panels filling half of L2, so it is read from memory once, not
+    once per row block (ResNet-50's 1x1 convs from 1024 or 2048 channels at 7 x 7). The
+    copy, keyed by the row block, is then made once per row block and group: a small L2
+    forces groups of 2 panels over 5 on AVX-512 (the last group ragged), 2 threads, and the
+    product is numpy's."""
+    import dataclasses
+
+    big = dataclasses.replace(TILE, l2_bytes=2 << 20)
+    assert gemm.tile_order(big, 1024, 256, 49, 49 * 1024 * 4, True) == (True, 1)  # 1 MiB
+    assert gemm.tile_order(big, 2048, 512, 49, 49 * 2048 * 4, True) == (False, 4)  # 4 MiB
+    assert gemm.tile_order(big, 2048, 512, 49, 49 * 2048 * 4, False) == (False, 1)
+    assert gemm.tile_order(big, 16, 64, 36, 36 * 16 * 4, True) == (True, 1)
+    of = gemm.Tile.of
+    small = classmethod(lambda cls, t: dataclasses.replace(of(t), l2_bytes=560 << 10))
+    monkeypatch.setattr(gemm.Tile, "of", small)
+    m, k, n = 30, 1024, 150
+    tile = gemm.Tile.of(host())
+    assert gemm.copies_rows(k * 4, k)
+    group = (280 << 10) // (k * tile.nr * 4)  # 2 on 32-column panels, 4 on 16
+    assert gemm.tile_order(tile, k, n, m, m * k * 4, True) == (False, group) and group > 1
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    cg = CpuStep(compile_graph(_matmul((m, k), (k, n), w)), threads=2)
+    assert f"alloca float, i64 {tile.mr * (k + gemm.ROW_PAD)}" in cg.llvm_ir
+    y, = cg.run([a])
+    scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
+    np.testing.assert_allclose(y, a.astype(np.float64) @ w, rtol=0, atol=4e-7 * scale)
+
+
 def test_rows_too_long_for_a_stack_copy_are_read_in_place():
     """K = 2^18 floats aliases in L1 too, but MR rows of it are 12 MiB: the copy, on the
     thread's stack, overflowed it (SIGSEGV). Rows past COPY_SCRATCH_BYTES are read in
