@@ -170,6 +170,35 @@ def test_copied_rows_of_a_weight_past_l2_walk_panel_groups(monkeypatch):
     np.testing.assert_allclose(y, a.astype(np.float64) @ w, rtol=0, atol=4e-7 * scale)
 
 
+def test_panel_major_tiles_spread_the_next_panels_prefetch_over_their_row_blocks():
+    """M = 49 in 5 row blocks over a 768 x 3072 weight (panel-major, one panel at a
+    time): each row block asks for a fifth of the next panel into L2 (prefetch locality
+    2 at (P + offset) // 5); over the 5 blocks every line of the next panel is asked for;
+    and the product is numpy's."""
+    m, k, n = 49, 768, 3072
+    assert not gemm.row_major(TILE, k, n, m) and not gemm.copies_rows(k * 4, k)
+    blocks = -(-m // gemm.tile_rows(m, TILE.mr))
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    cg = CpuStep(compile_graph(_matmul((m, k), (k, n), w)), threads=2)
+    assert f"udiv i64" in cg.llvm_ir and ", i32 0, i32 2, i32 1)" in cg.llvm_ir
+    # the address arithmetic: row j of panel p in row block rb asks for float
+    # ((p * K + j) * NR + offset) // R, offset = (p + 1) * R * K * NR + (rb - p) * K * NR
+    nr, size, panel = TILE.nr, k * TILE.nr, 3
+    asked = set()
+    for rb in range(blocks):
+        offset = (panel + 1) * blocks * size + (rb - panel) * size
+        for j in range(k):
+            at = ((panel * k + j) * nr + offset) // blocks
+            asked.update((at + off) // 16 for off in range(0, -(-nr // blocks), 16))
+    lines = set(range((panel + 1) * size // 16, (panel + 2) * size // 16))
+    assert lines <= asked and max(asked) < (panel + 2) * size // 16 + 1
+    y, = cg.run([a])
+    scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
+    np.testing.assert_allclose(y, a.astype(np.float64) @ w, rtol=0, atol=4e-7 * scale)
+
+
 def test_rows_too_long_for_a_stack_copy_are_read_in_place():
     """K = 2^18 floats aliases in L1 too, but MR rows of it are 12 MiB: the copy, on the
     thread's stack, overflowed it (SIGSEGV). Rows past COPY_SCRATCH_BYTES are read in
