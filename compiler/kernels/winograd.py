@@ -360,9 +360,10 @@ def _tiles(b, s: WinogradShape, rows: int, t0, group, x_ptr, packed_ptr, bias_pt
                 return [b.gep(v_buf, [b.mul(b.add(b.mul(k, _i64(rows)), b.add(r0, _i64(r))),
                                             _i64(s.cin))], source_etype=F32, inbounds=True)
                         for r in range(n)]
+            index = b.add(b.mul(p, _i64(s.alpha ** 2)), k)  # the slice of U
             accs = summation.accumulate(
-                b, t, n, packed_ptr, b.mul(b.add(b.mul(p, _i64(s.alpha ** 2)), k), _i64(s.cin)),
-                1, s.cin, row_ptrs, _next_slice(b, s, rows, r0), block=SUM_BLOCK[s.m])
+                b, t, n, packed_ptr, b.mul(index, _i64(s.cin)), 1, s.cin, row_ptrs,
+                _next_slice(b, s, rows, r0, index), block=SUM_BLOCK[s.m])
             for i, acc in enumerate(accs):
                 row = b.add(b.add(b.mul(k, _i64(rows)), r0), _i64(i // t.nv))
                 off = b.add(b.mul(row, _i64(t.nr)), _i64((i % t.nv) * t.vec))
@@ -408,20 +409,34 @@ def _chunks(rows: int, mr: int) -> list[tuple[int, int]]:
     return [(n, c) for n, c in ((size, big), (size - 1, chunks - big)) if c]
 
 
-def _next_slice(b, s: WinogradShape, rows: int, r0):
-    """The `far` prefetch of a row chunk (gemm.accumulate), or None. A block of more tiles
-    than MR runs each (panel, position) slice of U as several chunks: the first streams
-    the slice from L3 or memory, the others read it from L2. The second chunk also asks
-    for the next slice (Cin x NR floats on: U is packed in the order items read it) into
-    L2, so the outer caches stream while the chunks compute. One conv, 1 thread, same
-    process (CPU time, min of 21, load ~5), ms: 7x7x512 F(2x2) AVX-512 1.62 -> 1.54, AVX2
-    1.91 -> 1.78; 14x14x256 1.11 -> 1.10, AVX2 1.25 -> 1.16; 28x28x128 F(4x4) 0.79 ->
-    0.72, AVX2 0.94 -> 0.90."""
+def _next_slice(b, s: WinogradShape, rows: int, r0, index):
+    """The `far` prefetch of a row chunk (gemm.accumulate: a gemm.Spread), or None. A
+    block of more tiles than MR runs each (panel, position) slice of U, number `index`
+    (an i64) in U's packed order, as several chunks: the first streams the slice from L3
+    or memory, the others read it from L2. Each of the C chunks also asks for 1/C of the
+    next slice (Cin x NR floats on: U is packed in the order items read it) into L2, as
+    gemm.next_panel spreads a panel's, so the outer caches stream while the chunks
+    compute. Against the second chunk asking for all of it, in the model on an Intel
+    Xeon, 2 threads, medians of 12 interleaved: resnet50 28.0 -> 27.6 and 27.2 -> 26.7
+    ms, googlenet 9.11 -> 8.92; built for AVX2, level (38.6 ms). That earlier scheme had
+    measured, against none, one conv, 1 thread, same process on Zen 4 (CPU time, min of
+    21, load ~5), ms: 7x7x512 F(2x2) AVX-512 1.62 -> 1.54, AVX2 1.91 -> 1.78; 14x14x256
+    1.11 -> 1.10, AVX2 1.25 -> 1.16; 28x28x128 F(4x4) 0.79 -> 0.72, AVX2 0.94 -> 0.90."""
     t = s.tile
     if rows <= t.mr:
         return None
-    second = b.icmp_unsigned("==", r0, _i64(_chunks(rows, t.mr)[0][0]))
-    return b.select(second, _i64(s.cin * t.nr), _i64(gemm.prefetch_steps(t) * t.nr))
+    chunks = _chunks(rows, t.mr)
+    parts = sum(count for _, count in chunks)
+    size, big = chunks[0]
+    c = b.udiv(r0, _i64(size))  # r0's chunk: `big` of `size` rows, then of size - 1
+    if len(chunks) > 1:
+        first = _i64(size * big)
+        later = b.add(_i64(big), b.udiv(b.sub(r0, first), _i64(size - 1)))
+        c = b.select(b.icmp_unsigned("<", r0, first), c, later)
+    floats = s.cin * t.nr  # one slice
+    offset = b.add(b.mul(b.add(index, _i64(1)), _i64(parts * floats)),
+                   b.mul(b.sub(c, index), _i64(floats)))
+    return gemm.Spread(offset, parts)
 
 
 def _as_vector_ptr(b: ir.IRBuilder, ptr, tile: Tile):

@@ -234,7 +234,12 @@ def test_winograd_blocks_past_the_register_tile_match_torch(spec, monkeypatch):
     assert winograd._chunks(13, 6) == [(5, 1), (4, 2)]  # as even as can be
     assert winograd._chunks(16, 6) == [(6, 1), (5, 2)] and winograd._chunks(12, 6) == [(6, 2)]
     x = rng.standard_normal(x_shape).astype(np.float32)
-    y, = CpuStep(compile_graph(g, target=spec)).run([x])
+    cg = CpuStep(compile_graph(g, target=spec))
+    # each chunk asks for its share of the next slice of U into L2 (winograd._next_slice)
+    parts = sum(c for _, c in chunks)
+    assert f"udiv i64" in cg.llvm_ir and f", {parts}\n" in cg.llvm_ir
+    assert ", i32 0, i32 2, i32 1)" in cg.llvm_ir
+    y, = cg.run([x])
     want = _torch_conv(x, w, bias, (1, 1), (1, 1, 1, 1), (1, 1))
     np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
