@@ -170,7 +170,7 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
             return [_input_row(b, s, x_ptr, zeros, n, y0, x0, dy, dx) for n, y0, x0 in pix]
 
         outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
-        far = gemm.next_panel(b, t, s.m, s.k, row0, by_rows, group, panel)
+        far = gemm.next_panel(b, t, s.m, s.k, row0, panel, by_rows, group)
 
         def product(b, tt):
             vals = summation.accumulate(b, tt, rows, packed_ptr, b.mul(panel, _i64(s.k)),

@@ -271,7 +271,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
         def row_ptrs(b, kk):
             return ptrs
 
-        far = next_panel(b, t, shape.m, shape.k, row0, by_rows, group, panel)
+        far = next_panel(b, t, shape.m, shape.k, row0, panel, by_rows, group)
 
         def product(b, tt):
             vals = summation.accumulate(b, tt, rows, packed_ptr, b.mul(panel, _i64(shape.k)),
@@ -325,15 +325,6 @@ def row_major(t: Tile, k: int, n: int, m: int) -> bool:
 
 @dataclass(frozen=True)
 class Spread:
-    """A `far` prefetch spread over a panel's row blocks: at panel row P (floats, the K
-    loop's `prow`) ask for the line at (P + offset) / parts (`next_panel`)."""
-
-    offset: object  # an i64 value
-    parts: int
-
-
-@dataclass(frozen=True)
-class Spread:
     """A `far` prefetch spread over a panel's row blocks (`next_panel`): at panel row P
     (floats: the K loop's `prow`) ask for the line at (P + offset) // parts."""
 
@@ -341,41 +332,37 @@ class Spread:
     parts: int
 
 
-def next_panel(b: ir.IRBuilder, t: Tile, m: int, k: int, row0, by_rows: bool,
-               group: int = 1, panel=None):
-    """The `far` prefetch of a tile's K loop (an i64 distance in floats, or a `Spread`),
-    or None. In panel-major order the first row block of a panel streams it from L3 or
-    memory and the later ones read it from L2, the outer caches idle. So each of a
-    panel's R row blocks also asks for 1/R of the next panel (row block rb its rb-th
-    slice, K * NR / R floats over its K steps) into L2, and the next panel's first tile
-    finds it there: the stream from L3 runs at one rate, not in bursts a row block long.
-    In the model, 2 threads on an Intel Xeon (AVX-512 at full width), medians of 10
-    interleaved: bert_base 91.5 -> 82.2 ms, convnext_tiny 36.5 -> 34.1, resnet50 26.3 ->
-    25.9, against the earlier scheme (the whole next panel asked for by the second row
-    block, which was slower there than no far prefetch at all: 85.6, 35.5, 25.7); built
-    for AVX2, whose FMAs are half as wide, all three schemes were within noise (bert_base
-    129-131 ms at best, convnext_tiny 52-55). In panel groups (`group` > 1) the
-    second row block still asks for the panel `group` on (each panel of the next group in
-    turn) and the others for the near row again (a hit). On Zen 4 that scheme helped
-    AVX2's 6 x 16 tile most: four 32 x 768 x 768 GEMMs whose weights sit in L3, 1
-    thread, same process (CPU time, min of 41, load ~8): AVX2 1.58-1.60 -> 1.49-1.53 ms,
-    AVX-512 1.42-1.56 -> 1.43-1.51 (noise)."""
+def next_panel(b: ir.IRBuilder, t: Tile, m: int, k: int, row0, panel, by_rows: bool,
+               group: int = 1) -> Spread | None:
+    """The `far` prefetch of a tile's K loop, or None. In panel-major order the first row
+    block of a panel streams it from L3 or memory and the later ones read it from L2, the
+    outer caches idle. So each of a panel's R row blocks also asks for 1/R of the panel
+    it will walk next (the next one, or in panel groups its place in the next group: the
+    panel `group` on) into L2, row block rb its rb-th slice, K * NR / R floats over its K
+    steps, and that panel's first tile finds it there: the stream from L3 runs at one
+    rate, not in bursts a row block long. In the model, 2 threads on an Intel Xeon
+    (AVX-512 at full width), medians of 10-12 interleaved: bert_base 91.5 -> 82.2 ms,
+    convnext_tiny 36.5 -> 34.1, resnet50 26.3 -> 25.9 against the earlier scheme (the
+    second row block asked for the whole next panel, the others for the near row again,
+    and that was slower there than no far prefetch at all: 85.6, 35.5, 25.7); spread in
+    panel groups too, bert_base 81.3 -> 79.4, resnet50 27.5 -> 27.0. Built for AVX2,
+    whose FMAs are half as wide there, the schemes were within noise (bert_base 129-131
+    ms at best, convnext_tiny 52-55). On Zen 4 the earlier scheme had helped AVX2's
+    6 x 16 tile most: four 32 x 768 x 768 GEMMs whose weights sit in L3, 1 thread (CPU
+    time, min of 41, load ~8): AVX2 1.58-1.60 -> 1.49-1.53 ms, AVX-512 noise."""
     blocks = -(-m // tile_rows(m, t.mr))
     if by_rows or blocks < 2:
         return None
-    if group == 1 and panel is not None:
-        rb = _i64(0)  # row0's block: the count of later blocks' starts at or before it
-        for i in range(1, blocks):
-            past = b.icmp_unsigned(">=", row0, _i64(block_start(m, t.mr, i)))
-            rb = b.add(rb, b.zext(past, I64))
-        # K row j of the panel is P = (panel * K + j) * NR floats in; it asks for the
-        # next panel's (rb * K + j) / R-th row: (P + offset) / R with
-        size = k * t.nr
-        offset = b.add(b.mul(b.add(panel, _i64(1)), _i64(blocks * size)),
-                       b.mul(b.sub(rb, panel), _i64(size)))
-        return Spread(offset, blocks)
-    second = b.icmp_unsigned("==", row0, _i64(block_start(m, t.mr, 1)))
-    return b.select(second, _i64(group * k * t.nr), _i64(prefetch_steps(t) * t.nr))
+    rb = _i64(0)  # row0's block: the count of later blocks' starts at or before it
+    for i in range(1, blocks):
+        past = b.icmp_unsigned(">=", row0, _i64(block_start(m, t.mr, i)))
+        rb = b.add(rb, b.zext(past, I64))
+    # K row j of the panel is P = (panel * K + j) * NR floats in; it asks for row
+    # (rb * K + j) / R of the panel `group` on: (P + offset) / R with
+    size = k * t.nr
+    offset = b.add(b.mul(b.add(panel, _i64(group)), _i64(blocks * size)),
+                   b.mul(b.sub(rb, panel), _i64(size)))
+    return Spread(offset, blocks)
 
 
 def panel_group(t: Tile, k: int, n: int, a_bytes: int, by_rows: bool) -> int:
@@ -552,8 +539,8 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
     A_r(kk)[c] * panel[kk * k_inner + c], where `row_ptrs(b, kk)` gives each row's pointer
     to its k_inner contiguous elements of A for kk, and the panel starts at packed row
     `panel_k` (the panel's index times the full K = k_outer * k_inner). Each K step asks
-    for the panel's row prefetch_steps(t) rows ahead into L1 and, given `far` (an i64
-    value), for the row `far` floats on into L2 (`next_panel`). The panel's rows are
+    for the panel's row prefetch_steps(t) rows ahead into L1 and, given `far` (a
+    `Spread`), for a line of the next panel into L2 (`next_panel`). The panel's rows are
     `row_floats` apart (default: the tile's NR; wider where a narrower tile reads the
     first columns of a panel packed for the full one)."""
     stride = row_floats or t.panel
@@ -565,10 +552,7 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
         for off in range(0, t.nr, LINE_FLOATS):
             prefetch(b, b.gep(packed_ptr, [b.add(b.add(prow, near), _i64(off))],
                               source_etype=F32), False)
-            if far is not None and not isinstance(far, Spread):
-                prefetch(b, b.gep(packed_ptr, [b.add(b.add(prow, far), _i64(off))],
-                                  source_etype=F32), False, locality=2)
-        if isinstance(far, Spread):  # stride / parts floats a step: a line or more
+        if far is not None:  # stride / parts floats a step: a line or more
             at = b.udiv(b.add(prow, far.offset), _i64(far.parts))
             for off in range(0, -(-stride // far.parts), LINE_FLOATS):
                 prefetch(b, b.gep(packed_ptr, [b.add(at, _i64(off))], source_etype=F32),
