@@ -36,6 +36,13 @@ PEAK_ITERS = 20_000_000
 ACCUMULATORS = 24
 
 
+def peak_chains(target) -> int:
+    """FMA chains the peak probe runs on `target` (a compiler.target.Target): as many as
+    its registers hold beside the two operands (24 of AVX-512's 32, 14 of AVX2's 16: 24
+    there spilled, and measured half the peak)."""
+    return min(ACCUMULATORS, target.vector_registers - 2)
+
+
 def fma_peak_gflops(threads: int, target: str = "cpu") -> float:
     """GFLOP/s of `threads` threads each running up to ACCUMULATORS independent float32 FMA
     chains of `target`'s vector width (what the micro-kernel's inner loop is made of),
@@ -49,9 +56,7 @@ def fma_peak_gflops(threads: int, target: str = "cpu") -> float:
 
     spec = targets.parse(target)
     lanes = spec.vec
-    # as many chains as the registers hold beside the two operands (24 of AVX-512's 32,
-    # 14 of AVX2's 16: 24 there spilled, and measured half the peak)
-    chains = min(ACCUMULATORS, spec.vector_registers - 2)
+    chains = peak_chains(spec)
     tile = Tile(vec=lanes, nv=2, mr=12, fma=spec.fma)
     V16 = tile.vtype
     module = ir.Module("peak")
