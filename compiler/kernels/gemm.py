@@ -325,11 +325,13 @@ def row_major(t: Tile, k: int, n: int, m: int) -> bool:
 
 @dataclass(frozen=True)
 class Spread:
-    """A `far` prefetch spread over a panel's row blocks (`next_panel`): at panel row P
-    (floats: the K loop's `prow`) ask for the line at (P + offset) // parts."""
+    """A `far` prefetch spread over a panel's row blocks (`next_panel`): at packed row
+    `row` (the K loop's row of the packed weight) ask for the float at row * step +
+    offset, `step` floats on each K step (no division in the loop: where AVX2's 6 x 16
+    tile has 12 FMAs a step, the K loop is issue-bound)."""
 
     offset: object  # an i64 value
-    parts: int
+    step: int
 
 
 def next_panel(b: ir.IRBuilder, t: Tile, m: int, k: int, row0, panel, by_rows: bool,
@@ -345,11 +347,14 @@ def next_panel(b: ir.IRBuilder, t: Tile, m: int, k: int, row0, panel, by_rows: b
     convnext_tiny 36.5 -> 34.1, resnet50 26.3 -> 25.9 against the earlier scheme (the
     second row block asked for the whole next panel, the others for the near row again,
     and that was slower there than no far prefetch at all: 85.6, 35.5, 25.7); spread in
-    panel groups too, bert_base 81.3 -> 79.4, resnet50 27.5 -> 27.0. Built for AVX2,
-    whose FMAs are half as wide there, the schemes were within noise (bert_base 129-131
-    ms at best, convnext_tiny 52-55). On Zen 4 the earlier scheme had helped AVX2's
-    6 x 16 tile most: four 32 x 768 x 768 GEMMs whose weights sit in L3, 1 thread (CPU
-    time, min of 41, load ~8): AVX2 1.58-1.60 -> 1.49-1.53 ms, AVX-512 noise."""
+    panel groups too, bert_base 81.3 -> 79.4, resnet50 27.5 -> 27.0. The address then
+    took a division per K step, and built for AVX2 (12 FMAs a step, the loop issue-bound)
+    spreading was 3% slower than no far prefetch; computed as row * step + offset,
+    against none, medians of 8: bert_base 83.1 -> 75.4 ms, convnext_tiny 35.4 -> 33.5,
+    and for AVX2 133.8 -> 129.6 and 51.8 -> 50.2. On Zen 4 the earlier scheme had helped
+    AVX2's 6 x 16 tile most (four 32 x 768 x 768 GEMMs whose weights sit in L3, 1
+    thread, CPU time, min of 41: 1.58-1.60 -> 1.49-1.53 ms; AVX-512 noise), and a spread
+    tried there was 1.42-1.47x slower: this one is not measured on Zen 4."""
     blocks = -(-m // tile_rows(m, t.mr))
     if by_rows or blocks < 2:
         return None
@@ -357,12 +362,24 @@ def next_panel(b: ir.IRBuilder, t: Tile, m: int, k: int, row0, panel, by_rows: b
     for i in range(1, blocks):
         past = b.icmp_unsigned(">=", row0, _i64(block_start(m, t.mr, i)))
         rb = b.add(rb, b.zext(past, I64))
-    # K row j of the panel is P = (panel * K + j) * NR floats in; it asks for row
-    # (rb * K + j) / R of the panel `group` on: (P + offset) / R with
-    size = k * t.nr
-    offset = b.add(b.mul(b.add(panel, _i64(group)), _i64(blocks * size)),
-                   b.mul(b.sub(rb, panel), _i64(size)))
-    return Spread(offset, blocks)
+    return spread(b, panel, b.add(panel, _i64(group)), rb, blocks, k, t.nr)
+
+
+def spread(b: ir.IRBuilder, panel, target, part, parts: int, k: int, nr: int) -> Spread:
+    """The Spread by which part `part` (an i64, of `parts`) of the tiles over packed panel
+    `panel` (K rows of NR floats) asks for its share of panel `target`: K row j (packed
+    row panel * K + j) asks for float part * (K * NR // parts) + j * step of it, step =
+    ceil(NR / parts) (the shares overlap a little, and together cover the panel)."""
+    size, share, step = spread_terms(k, nr, parts)
+    offset = b.add(b.add(b.mul(target, _i64(size)), b.mul(part, _i64(share))),
+                   b.sub(_i64(0), b.mul(panel, _i64(k * step))))
+    return Spread(offset, step)
+
+
+def spread_terms(k: int, nr: int, parts: int) -> tuple[int, int, int]:
+    """`spread`'s constants, floats: a panel's size, where each part's share starts
+    (part * share on), and the step a K row."""
+    return k * nr, k * nr // parts, -(-nr // parts)
 
 
 def panel_group(t: Tile, k: int, n: int, a_bytes: int, by_rows: bool) -> int:
@@ -546,15 +563,16 @@ def accumulate(b: ir.IRBuilder, t: Tile, rows: int, packed_ptr, panel_k, k_outer
     stride = row_floats or t.panel
     near = _i64(prefetch_steps(t) * stride)
     def inner(b, c, accs, ptrs, kk):
-        prow = b.mul(b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c)), _i64(stride))
+        row = b.add(panel_k, b.add(b.mul(kk, _i64(k_inner)), c))
+        prow = b.mul(row, _i64(stride))
         bvecs = [b.load(b.gep(packed_ptr, [b.add(prow, _i64(v * t.vec))], source_etype=F32,
                               inbounds=True), typ=t.vtype, align=4) for v in range(t.nv)]
         for off in range(0, t.nr, LINE_FLOATS):
             prefetch(b, b.gep(packed_ptr, [b.add(b.add(prow, near), _i64(off))],
                               source_etype=F32), False)
-        if far is not None:  # stride / parts floats a step: a line or more
-            at = b.udiv(b.add(prow, far.offset), _i64(far.parts))
-            for off in range(0, -(-stride // far.parts), LINE_FLOATS):
+        if far is not None:  # far.step floats a step: a line or more
+            at = b.add(b.mul(row, _i64(far.step)), far.offset)
+            for off in range(0, far.step, LINE_FLOATS):
                 prefetch(b, b.gep(packed_ptr, [b.add(at, _i64(off))], source_etype=F32),
                          False, locality=2)
         new = []

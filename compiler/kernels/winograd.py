@@ -433,10 +433,7 @@ def _next_slice(b, s: WinogradShape, rows: int, r0, index):
         first = _i64(size * big)
         later = b.add(_i64(big), b.udiv(b.sub(r0, first), _i64(size - 1)))
         c = b.select(b.icmp_unsigned("<", r0, first), c, later)
-    floats = s.cin * t.nr  # one slice
-    offset = b.add(b.mul(b.add(index, _i64(1)), _i64(parts * floats)),
-                   b.mul(b.sub(c, index), _i64(floats)))
-    return gemm.Spread(offset, parts)
+    return gemm.spread(b, index, b.add(index, _i64(1)), c, parts, s.cin, t.nr)
 
 
 def _as_vector_ptr(b: ir.IRBuilder, ptr, tile: Tile):

@@ -173,8 +173,9 @@ def test_copied_rows_of_a_weight_past_l2_walk_panel_groups(monkeypatch):
 def test_panel_major_tiles_spread_the_next_panels_prefetch_over_their_row_blocks():
     """M = 49 in 5 row blocks over a 768 x 3072 weight (panel-major, one panel at a
     time): each row block asks for a fifth of the next panel into L2 (prefetch locality
-    2 at (P + offset) // 5); over the 5 blocks every line of the next panel is asked for;
-    and the product is numpy's."""
+    2, ceil(NR / 5) floats on each K step, no division in the K loop); over the 5 blocks
+    every line of the next panel is asked for, and past it no more than the shares
+    overlap; and the product is numpy's."""
     m, k, n = 49, 768, 3072
     assert not gemm.row_major(TILE, k, n, m) and not gemm.copies_rows(k * 4, k)
     blocks = -(-m // gemm.tile_rows(m, TILE.mr))
@@ -182,18 +183,19 @@ def test_panel_major_tiles_spread_the_next_panels_prefetch_over_their_row_blocks
     w = rng.standard_normal((k, n)).astype(np.float32)
     a = rng.standard_normal((m, k)).astype(np.float32)
     cg = CpuStep(compile_graph(_matmul((m, k), (k, n), w)), threads=2)
-    assert f"udiv i64" in cg.llvm_ir and ", i32 0, i32 2, i32 1)" in cg.llvm_ir
-    # the address arithmetic: row j of panel p in row block rb asks for float
-    # ((p * K + j) * NR + offset) // R, offset = (p + 1) * R * K * NR + (rb - p) * K * NR
-    nr, size, panel = TILE.nr, k * TILE.nr, 3
+    assert ", i32 0, i32 2, i32 1)" in cg.llvm_ir
+    # spread's address for K row j of part rb: target * size + rb * share + j * step
+    nr, panel = TILE.nr, 3
+    size, share, step = gemm.spread_terms(k, nr, blocks)
+    assert step * blocks >= nr and share * blocks <= size
     asked = set()
     for rb in range(blocks):
-        offset = (panel + 1) * blocks * size + (rb - panel) * size
         for j in range(k):
-            at = ((panel * k + j) * nr + offset) // blocks
-            asked.update((at + off) // 16 for off in range(0, -(-nr // blocks), 16))
+            at = (panel + 1) * size + rb * share + j * step
+            asked.update((at + off) // 16 for off in range(0, step, 16))
     lines = set(range((panel + 1) * size // 16, (panel + 2) * size // 16))
-    assert lines <= asked and max(asked) < (panel + 2) * size // 16 + 1
+    over = k * (step * blocks - nr) // 16 + 1  # the shares' overlap, in lines
+    assert lines <= asked and max(asked) < (panel + 2) * size // 16 + over
     y, = cg.run([a])
     scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
     np.testing.assert_allclose(y, a.astype(np.float64) @ w, rtol=0, atol=4e-7 * scale)
