@@ -4,7 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.braze-installed
 JOBS   ?= 2
-# `make bench CPU="znver3 x86-64-v2"` also times braze built for those LLVM CPUs
+# `make bench CPU="x86-64-v3 x86-64-v2"` also times braze built for those LLVM CPUs
+# (x86-64-v3: any AVX2 + FMA CPU; znver3 code may use AMD's SSE4A, absent on Intel)
 CPU    ?=
 
 # torch and torchvision must come as a matching pair; these are the versions this

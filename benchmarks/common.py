@@ -119,7 +119,7 @@ def fresh_compile_caches(workdir: Path):
 def add_target_args(p) -> None:
     """--cpu and --only, shared by the benchmarks that time braze built for other CPUs."""
     p.add_argument("--cpu", nargs="+", default=[], metavar="NAME",
-                   help="also run braze built for these LLVM CPUs (e.g. znver3 x86-64-v2; "
+                   help="also run braze built for these LLVM CPUs (e.g. x86-64-v3 x86-64-v2; "
                    "they must run on this machine)")
     p.add_argument("--only", nargs="+", default=[], metavar="NAME",
                    help="run only the runtimes whose names contain one of these (torch "

@@ -154,7 +154,7 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=common.THREADS)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--cpu", default=None, metavar="NAME",
-                   help="profile braze built for this LLVM CPU (e.g. znver3; it must run here)")
+                   help="profile braze built for this LLVM CPU (e.g. x86-64-v3; it must run here)")
     p.add_argument("--out", type=Path, default=common.OUT_DIR)
     p.add_argument("--update-results", action="store_true",
                    help="rewrite the per-layer section of benchmarks/RESULTS.md")

@@ -14,7 +14,7 @@ against eager fp32 and against the same model run in float64 (same weights, inpu
 widened), and the model's own fp32 rounding noise (eager fp32 against that float64
 run), the scale braze's error is judged on (max |x - ref| / max |ref| throughout).
 
-`--models a b` picks models (`--list` names them); `--cpu znver3 x86-64-v2` also times
+`--models a b` picks models (`--list` names them); `--cpu x86-64-v3 x86-64-v2` also times
 braze (compile_onnx) built for those CPUs (kernels for them, run here: each gets its own
 column), `--only` keeps the runtimes whose names contain a word; `--update-results`
 rewrites the zoo section of benchmarks/RESULTS.md. A full run takes a long time on two

@@ -17,7 +17,8 @@ CPU there, else for the first other registered architecture that knows it (so
 only warn and silently compile for a generic CPU).
 
 The vector features that shape kernels (`isa`: sse4.2, avx, avx2, fma, avx512f on x86;
-neon on AArch64) are read from the host's feature string, or, for a named CPU, probed:
+neon on AArch64), and those LLVM's code may use unasked (AMD's sse4a), are read from the
+host's feature string, or, for a named CPU, probed:
 LLVM compiles one tiny function per feature for that CPU and the assembly shows
 whether it used the feature's instructions (llvmlite cannot list a named CPU's
 features). An artifact records `requires` (the features its code may use) and loads
@@ -59,6 +60,13 @@ _PROBES = {
                 "<4 x float> %b, <4 x float> %a)\n  ret <4 x float> %r", r"vfmadd"),
         "avx512f": ("<16 x float>", "%r = fadd <16 x float> %a, %b\n  ret <16 x float> %r",
                     r"%zmm"),
+        # AMD's SSE4A: LLVM lowers some byte shuffles to extrq/insertq where a CPU has
+        # it (znver*), and Intel CPUs have not: a znver3 build of ResNet-50 at batch 8
+        # stopped on insertq (SIGILL) on an Intel Xeon before this was required
+        "sse4a": ("<16 x i8>", "%r = shufflevector <16 x i8> %a, <16 x i8> zeroinitializer, "
+                  "<16 x i32> <i32 1, i32 2, i32 3, i32 16, i32 16, i32 16, i32 16, i32 16, "
+                  "i32 undef, i32 undef, i32 undef, i32 undef, i32 undef, i32 undef, "
+                  "i32 undef, i32 undef>\n  ret <16 x i8> %r", r"\bextrq\b"),
     },
     "aarch64": {
         "neon": ("<4 x float>", "%r = call <4 x float> @llvm.fma.v4f32(<4 x float> %a, "

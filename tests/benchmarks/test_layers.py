@@ -20,7 +20,7 @@ def test_peak_probe_counts_flops(monkeypatch):
     from compiler import target as targets
 
     assert 1 < layers.fma_peak_gflops(1, "cpu:x86-64-v2") < 1e4
-    assert layers.peak_chains(targets.parse("cpu:znver3")) == 14
+    assert layers.peak_chains(targets.parse("cpu:x86-64-v3")) == 14
     assert layers.peak_chains(targets.parse("cpu:skylake-avx512")) == layers.ACCUMULATORS
 
 

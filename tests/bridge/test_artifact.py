@@ -321,14 +321,14 @@ def test_code_compiled_in_parallel_parts_saves_and_loads(tmp_path, monkeypatch):
 
 
 def test_an_artifact_for_another_cpu_records_it_and_runs_where_its_features_are(tmp_path):
-    """Compiled for znver3 (AVX2): the manifest names the target and the features it
+    """Compiled for x86-64-v3 (AVX2): the manifest names the target and the features it
     requires; this machine has them, so it loads and matches the host build."""
     x = _x()
-    m = bridge.compile_onnx(_model(), target="cpu:znver3")
+    m = bridge.compile_onnx(_model(), target="cpu:x86-64-v3")
     m.save(tmp_path / "avx2.braze", input_shapes={"x": x.shape})
     with zipfile.ZipFile(tmp_path / "avx2.braze") as zf:
         target = json.loads(zf.read("manifest.json"))["target"]
-    assert target["spec"] == "cpu:znver3" and target["cpu"] == "znver3"
+    assert target["spec"] == "cpu:x86-64-v3" and target["cpu"] == "x86-64-v3"
     assert target["requires"] == ["avx", "avx2", "fma", "sse4.2"]
     loaded = bridge.load(tmp_path / "avx2.braze")
     np.testing.assert_allclose(loaded(x)[0], bridge.compile_onnx(_model())(x)[0], rtol=1e-6)

@@ -146,7 +146,7 @@ def test_scores_and_values_run_on_the_micro_kernel_without_spills():
     from compiler.codegen import asm, llvm_cpu
     from compiler.kernels import gemm
 
-    for spec in ("cpu", "cpu:znver3"):
+    for spec in ("cpu", "cpu:x86-64-v3"):
         cg = compile_graph(_attention_graph(1, 2, 197, 64, False, "f32"), target=spec)
         loops = asm.loop_spills(llvm_cpu.emit_assembly(cg.llvm_ir, targets.parse(spec)),
                                 gemm.K_LOOP)

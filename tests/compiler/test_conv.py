@@ -209,7 +209,7 @@ def test_winograd_3x3_matches_torch(x_shape, cout, pads, m, rtol, monkeypatch):
     np.testing.assert_allclose(y, want, rtol=0, atol=rtol * np.abs(want).max())
 
 
-@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
+@pytest.mark.parametrize("spec", ["cpu", "cpu:x86-64-v3"])
 def test_winograd_blocks_past_the_register_tile_match_torch(spec, monkeypatch):
     """Where U is larger than L2 (here 8 MiB), a block holds more tiles than the
     micro-kernel's MR rows and runs them as several row chunks per panel (as even as can
@@ -374,7 +374,7 @@ graph e(%x: f32[1,8,8,16]) -> (%y) {{
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3", "cpu:x86-64-v2"])
+@pytest.mark.parametrize("spec", ["cpu", "cpu:x86-64-v3", "cpu:x86-64-v2"])
 @pytest.mark.parametrize("cout", [144, 40, 38])
 def test_winograd_with_channels_past_the_last_panel(cout, spec):
     """Winograd where NR does not divide Cout (144 = 4.5 AVX-512 panels, R(2+1)D's; 40;
@@ -426,7 +426,7 @@ def test_pointwise_conv_rows_4k_apart_match_torch(x_shape, strides):
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3", "cpu:x86-64-v2"])
+@pytest.mark.parametrize("spec", ["cpu", "cpu:x86-64-v3", "cpu:x86-64-v2"])
 @pytest.mark.parametrize("cout", [72, 38])
 def test_epilogue_on_registers_where_channels_are_not_whole_vectors(cout, spec):
     """With Cout not a multiple of the vector (72 = 4.5 AVX-512 vectors, 38 = 4.75 AVX2
@@ -438,7 +438,7 @@ def test_epilogue_on_registers_where_channels_are_not_whole_vectors(cout, spec):
     w = rng.standard_normal((cout, 16, 1, 1)).astype(np.float32)
     g, y_shape = _residual_block((1, 7, 9, 16), w, (0, 0, 0, 0))
     cg = CpuStep(compile_graph(g, target=spec))
-    vec = 16 if spec == "cpu" and host().vec == 16 else {"cpu:znver3": 8}.get(spec, 4)
+    vec = 16 if spec == "cpu" and host().vec == 16 else {"cpu:x86-64-v3": 8}.get(spec, 4)
     assert ("llvm.masked.load" in cg.llvm_ir) == bool(cout % vec)
     assert f"llvm.maximum.v{vec}f32" in cg.llvm_ir
     assert "llvm.maximum.f32" not in cg.llvm_ir  # the scalar pass over the stored tile

@@ -67,7 +67,7 @@ def test_refusals_name_the_reason():
     ((2, 3, 17), 40),  # batch dims fold into the rows
     ((30, 1024), 64),  # rows 4 KiB apart: copied to a padded scratch (a row tail too)
 ])
-@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
+@pytest.mark.parametrize("spec", ["cpu", "cpu:x86-64-v3"])
 def test_numbers_match_numpy(a_shape, n, spec):
     """On the host's tile and on AVX2's 6 x 16 (uneven row blocks: M = 32 is 6, 6, 5, 5,
     5, 5 there), two threads."""
@@ -246,7 +246,7 @@ def test_panel_groups_are_sized_from_l2_and_match_numpy(monkeypatch):
 
     from compiler import target as targets
 
-    avx2 = gemm.Tile.of(targets.parse("cpu:znver3"))
+    avx2 = gemm.Tile.of(targets.parse("cpu:x86-64-v3"))
     assert gemm.panel_group(avx2, 2304, 256, 8 * 28 * 28 * 256 * 4, False) == 3
     assert gemm.panel_group(avx2, 2304, 256, 1 << 19, False) == 1
     assert gemm.panel_group(avx2, 2304, 256, 8 << 20, True) == 1
@@ -254,13 +254,13 @@ def test_panel_groups_are_sized_from_l2_and_match_numpy(monkeypatch):
     small = classmethod(lambda cls, t: dataclasses.replace(of(t), l2_bytes=96 << 10))
     monkeypatch.setattr(gemm.Tile, "of", small)
     m, k, n = 100, 256, 347
-    tile = gemm.Tile.of(targets.parse("cpu:znver3"))
+    tile = gemm.Tile.of(targets.parse("cpu:x86-64-v3"))
     assert not gemm.row_major(tile, k, n, m)
     assert gemm.panel_group(tile, k, n, m * k * 4, False) == 3 and -(-n // tile.nr) == 22
     rng = np.random.default_rng(2)
     w = rng.standard_normal((k, n)).astype(np.float32)
     a = rng.standard_normal((m, k)).astype(np.float32)
-    y, = CpuStep(compile_graph(_matmul((m, k), (k, n), w), target="cpu:znver3"),
+    y, = CpuStep(compile_graph(_matmul((m, k), (k, n), w), target="cpu:x86-64-v3"),
                  threads=2).run([a])
     want = a.astype(np.float64) @ w
     scale = np.sqrt(k) * np.abs(a).max() * np.abs(w).max()
@@ -280,7 +280,7 @@ def test_the_last_panel_runs_a_narrowed_tile(n, nv):
 
 
 @pytest.mark.parametrize("k,n", [(104, 104), (48, 40), (33, 208)])
-@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
+@pytest.mark.parametrize("spec", ["cpu", "cpu:x86-64-v3"])
 def test_narrowed_last_panel_matches_numpy(k, n, spec):
     """Products whose last panel runs the narrowed tile (N % NR <= NR / 2 on AVX-512; on
     AVX2's 16-column panels N = 40 and 104 end in 8 columns: one vector of 8), with a

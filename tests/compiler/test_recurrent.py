@@ -99,7 +99,7 @@ def test_host_forms_match_reference(cell, direction, kw):
                                          ("gru", 160, {"lbr": True, "const_r": False}),
                                          ("lstm", 128, {"clip": 0.5, "batch": 3})])
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
-@pytest.mark.parametrize("target", ["cpu", "cpu:znver3"])
+@pytest.mark.parametrize("target", ["cpu", "cpu:x86-64-v3"])
 def test_one_item_splits_its_units_over_the_team(cell, hid, kw, direction, target,
                                                  monkeypatch):
     """With the split on (from R of 256 KiB): one direction, one batch block, full

@@ -82,7 +82,7 @@ def test_a_few_blocks_stay_a_loop_without_spills():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((384, 64)).astype(np.float32)
     a = rng.standard_normal((24, 384)).astype(np.float32)
-    for spec in ("cpu", "cpu:znver3"):
+    for spec in ("cpu", "cpu:x86-64-v3"):
         cg = compile_graph(_matmul(24, 384, 64, w), target=spec)
         assert "llvm.loop.unroll.disable" in cg.llvm_ir
         loops = asm.loop_spills(llvm_cpu.emit_assembly(cg.llvm_ir, targets.parse(spec)),
@@ -179,7 +179,7 @@ graph mlp(%a: f32[{m},{k}], %r: f32[{m},{n}]) -> (%y) {{
     return g, w, bias
 
 
-@pytest.mark.parametrize("spec", ["cpu", "cpu:znver3"])
+@pytest.mark.parametrize("spec", ["cpu", "cpu:x86-64-v3"])
 def test_totals_stay_in_memory_across_k_loops(spec):
     """The running totals are a stack slot read and written with volatile accesses, so the
     K loops between them hold only the tile: no spill in any of them on AVX2's 16
