@@ -385,6 +385,16 @@ exit:
 # (impls, sizes, n, fields..., ptrs, versions) stores every tensor's (0 and 2^32 - 1
 # where one is null); state_difference(the same) answers the first i whose pointer or
 # count differs from ptrs[i] / versions[i] or is null, else n.
+def _nonnull_field(name: str) -> str:
+    """IR lines loading the pointer at %impl + %<name>_at into %<name> and branching to
+    %null where it is null, else on at the label <name>_ok."""
+    return (f"  %{name[0]}s = getelementptr i8, ptr %impl, i64 %{name}_at\n"
+            f"  %{name} = load ptr, ptr %{name[0]}s\n"
+            f"  %no{name} = icmp eq ptr %{name}, null\n"
+            f"  br i1 %no{name}, label %null, label %{name}_ok\n"
+            f"{name}_ok:")
+
+
 _STATE_FIELDS = ("i64 %counter_at, i64 %count_at, i64 %storage_at, i64 %data_at, "
                  "i64 %offset_at")
 _STATE_IR = """
@@ -395,11 +405,7 @@ define private i1 @tensor_state(ptr %impls, ptr %sizes, i64 %i, FIELDS, ptr %ptr
 entry:
   %is = getelementptr ptr, ptr %impls, i64 %i
   %impl = load ptr, ptr %is
-  %ss = getelementptr i8, ptr %impl, i64 %storage_at
-  %storage = load ptr, ptr %ss
-  %nostorage = icmp eq ptr %storage, null
-  br i1 %nostorage, label %null, label %storage_ok
-storage_ok:
+STORAGE_FIELD
   %ds = getelementptr i8, ptr %storage, i64 %data_at
   %data = load i64, ptr %ds
   %os = getelementptr i8, ptr %impl, i64 %offset_at
@@ -409,11 +415,7 @@ storage_ok:
   %bytes = mul i64 %offset, %size
   %p = add i64 %data, %bytes
   store i64 %p, ptr %ptr
-  %cs = getelementptr i8, ptr %impl, i64 %counter_at
-  %counter = load ptr, ptr %cs
-  %nocounter = icmp eq ptr %counter, null
-  br i1 %nocounter, label %null, label %counter_ok
-counter_ok:
+COUNTER_FIELD
   %vs = getelementptr i8, ptr %counter, i64 %count_at
   %v = load atomic i32, ptr %vs monotonic, align 4
   store i32 %v, ptr %count
@@ -512,7 +514,9 @@ exit:
   %r = phi i64 [ %n, %entry ], [ %i, %loop ], [ %i, %compare ], [ %n, %cont ]
   ret i64 %r
 }
-""".replace("FIELDS", _STATE_FIELDS)
+""".replace("FIELDS", _STATE_FIELDS).replace(
+    "STORAGE_FIELD", _nonnull_field("storage")).replace(
+    "COUNTER_FIELD", _nonnull_field("counter"))
 _NATIVE_IR = (_NATIVE_TEMPLATE.format(name="word", ty="i64")
               + _NATIVE_TEMPLATE.format(name="byte", ty="i8")
               + _STATE_IR.replace("IMPL_PREFETCHES", "".join(
