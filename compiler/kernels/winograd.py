@@ -51,6 +51,15 @@ SCRATCH_BYTES = 1 << 20
 MIN_SIDE = 7
 # Tiles per block at least (the micro-kernel's rows): fewer and it is slower than direct.
 MIN_ROWS = 4
+# 2x2 output tiles a conv needs at least (all its images together). With fewer, the
+# transformed weight (16/9 of the filter, F(2x2)) is streamed for too little work: the
+# conv is bound by its weight's traffic, which the direct kernel keeps at 9/9. At batch 1
+# 7x7 has 16 tiles: ResNet-50's two 512-channel 3x3 convs there took 1.18 and 1.14 ms on
+# Winograd against onnxruntime's 1.06 and 1.02 (its profiler); with them direct, models
+# (2 threads, Intel Xeon, medians of 14 interleaved): ResNet-50 26.3 -> 26.2 and 26.4 ->
+# 25.8 ms, ResNet-18 8.63 -> 8.47, DenseNet-121 (16 convs at 7x7) 22.5 -> 21.5. At batch 8
+# (128 tiles) Winograd stays faster: ResNet-50 189 against 192 ms direct.
+MIN_TILES = 32
 # Work items wanted at least, so two threads split them within ~10% (see `groups`).
 MIN_ITEMS = 8
 # Tiles per block at most where U streams from beyond L2 (see WinogradShape.rows): 16
@@ -163,6 +172,10 @@ def refusal(node, tile: Tile) -> str | None:
         return f"{cin} input channels: the transformed patches would not fit the scratch"
     if min(oh, ow) < MIN_SIDE:
         return f"{oh}x{ow} output: too few 2x2 tiles"
+    tiles = x.shape[0] * -(-oh // 2) * -(-ow // 2)
+    if tiles < MIN_TILES:
+        return (f"{tiles} 2x2 output tiles (fewer than {MIN_TILES}): the transformed "
+                "weight's traffic outweighs the multiplies saved")
     return None
 
 

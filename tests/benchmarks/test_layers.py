@@ -27,16 +27,16 @@ def test_peak_probe_counts_flops(monkeypatch):
 def test_describe_names_shape_algorithm_and_counts_direct_macs():
     w = np.ones((32, 16, 3, 3), np.float32)
     g = parse_graph("""
-graph c(%x: f32[1,8,8,16]) -> (%y) {
+graph c(%x: f32[1,12,12,16]) -> (%y) {
   %w = const() {value=@w} : f32[32,16,3,3]
-  %y = conv(%x, %w) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, layout="NHWC"} : f32[1,8,8,32]
+  %y = conv(%x, %w) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, layout="NHWC"} : f32[1,12,12,32]
 }
 """, {"w": w})
     cg = CpuStep(compile_graph(g))
     label, macs = layers.describe(cg.kernels[0])
-    assert label.startswith("3x3 s1 16->32 @ 8x8 (Winograd F(")
-    assert macs == 8 * 8 * 32 * 16 * 9
-    (seconds,) = cg.profile([np.ones((1, 8, 8, 16), np.float32)], rounds=2)
+    assert label.startswith("3x3 s1 16->32 @ 12x12 (Winograd F(")
+    assert macs == 12 * 12 * 32 * 16 * 9
+    (seconds,) = cg.profile([np.ones((1, 12, 12, 16), np.float32)], rounds=2)
     table = layers.report({"rows": {label: {"layers": 1, "seconds": seconds, "macs": macs}},
                            "other_s": 0.0, "total_s": seconds, "kernels": 1},
                           peak=100.0, threads=1, batch=1)

@@ -15,6 +15,16 @@ from compiler.target import host
 from compiler.text import parse_graph
 from runtime.cpu import CpuStep
 
+
+@pytest.fixture(autouse=True)
+def _winograd_on_small_images(monkeypatch):
+    """These tests run Winograd's kernel on small images, which the choice would give the
+    direct kernel (fewer than winograd.MIN_TILES tiles): the threshold is 1 here, except
+    in test_winograd_needs_enough_tiles, which checks the real one."""
+    from compiler.kernels import winograd
+
+    monkeypatch.setattr(winograd, "MIN_TILES", 1)
+
 AVX512 = gemm.Tile(vec=16, nv=2, mr=12)  # the tile the measured choices below were made on
 
 
@@ -347,6 +357,21 @@ def test_winograd_says_why_not():
         w = rng.standard_normal((k, shape[3], 3, 3)).astype(np.float32)
         g = _conv_graph(shape, w, None, strides, (1, 1, 1, 1), (1, 1))
         assert why in winograd.refusal(next(n for n in g.nodes if n.op == "conv"), AVX512)
+
+
+def test_winograd_needs_enough_tiles(monkeypatch):
+    """Fewer than MIN_TILES 2x2 output tiles (all images together) run direct: ResNet-50's
+    7x7 512-channel convs at batch 1 (16 tiles), not at batch 8 (128) nor at 14x14 (49)."""
+    from compiler.kernels import winograd
+
+    monkeypatch.setattr(winograd, "MIN_TILES", 32)
+    rng = np.random.default_rng(9)
+    for n, side, c, why in [(1, 7, 512, "16 2x2 output tiles"), (8, 7, 512, None),
+                            (1, 14, 256, None), (1, 11, 64, None), (1, 10, 64, "25 2x2")]:
+        w = rng.standard_normal((c, c, 3, 3)).astype(np.float32)
+        g = _conv_graph((n, side, side, c), w, None, (1, 1), (1, 1, 1, 1), (1, 1))
+        got = winograd.refusal(next(x for x in g.nodes if x.op == "conv"), AVX512)
+        assert got is None if why is None else why in got, (n, side, got)
 
 
 def test_winograd_epilogues_on_registers_and_in_place():

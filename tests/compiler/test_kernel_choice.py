@@ -61,7 +61,7 @@ graph m(%a: i32[8,16], %w: i32[16,24]) -> (%y) {
 
 
 CASES = [
-    ("winograd", lambda: _conv(3, 1, 16, 32), "3x3 stride-1"),
+    ("winograd", lambda: _conv(3, 1, 16, 32, side=12), "3x3 stride-1"),  # 36 2x2 tiles
     ("direct_conv", lambda: _conv(1, 1, 16, 32), "not Winograd: not a 3x3"),
     ("direct_conv", lambda: _conv(3, 2, 16, 32), "not Winograd"),
     ("gemm", lambda: _matmul(True), "constant 2-d right operand"),
