@@ -49,6 +49,37 @@ def test_constant_weight_takes_the_packed_gemm_and_only_the_packed_copy_is_kept(
     assert "llvm.fma.v16f32" in cg.llvm_ir
 
 
+def test_constants_start_on_cache_lines():
+    """Packed weights and small unpacked constants start on a cache line (numpy gives 16
+    bytes), whatever the array compile started from; the kernels read the same numbers."""
+    from compiler.codegen import memory
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    bias = rng.standard_normal(48).astype(np.float32)
+    raw = np.empty(w.nbytes + 64, np.uint8)  # w at 16 bytes past a line: misaligned
+    start = (-raw.ctypes.data % 64) + 16
+    w16 = raw[start:start + w.nbytes].view(np.float32).reshape(w.shape)
+    w16[...] = w
+    g = parse_graph("""
+graph mm(%a: f32[5,64]) -> (%y) {
+  %w = const() {value=@w} : f32[64,48]
+  %b = const() {value=@b} : f32[1,48]
+  %m = matmul(%a, %w) : f32[5,48]
+  %y = add(%m, %b) : f32[5,48]
+}
+""", {"w": w16, "b": bias[None]})
+    program = compile_graph(g)
+    assert program.memory.constants
+    assert all(a.ctypes.data % memory.ALIGN == 0 for _, a in program.memory.constants)
+    a = rng.standard_normal((5, 64)).astype(np.float32)
+    y, = CpuStep(program).run([a])
+    np.testing.assert_allclose(y, a @ w + bias, rtol=1e-5, atol=1e-5)
+    big = np.empty(memory.REALIGN_MAX_UNPACKED_BYTES // 4 + 4, np.float32)[1:]
+    assert big.ctypes.data % 64 and not memory._realign("unpacked", big)  # kept, not copied
+    assert memory._realign((PACKED, None), big)
+
+
 def test_refusals_name_the_reason():
     g = _matmul((4, 8), (8, 16))  # weight is an input: nothing to pack
     node = next(n for n in g.nodes if n.op == "matmul")
