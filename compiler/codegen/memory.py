@@ -71,9 +71,9 @@ def _realign(key, a: np.ndarray) -> bool:
 def aligned(a: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of `a` that starts on a cache line (numpy's allocations are
     16-byte aligned, so a 64-byte vector load from a packed weight at a random 16-byte
-    offset spans two lines three times in four: ~17% of an LSTM's recurrence time, which
-    read its packed weights at offsets 16 and 32 through torch.compile and 32 and 48
-    through compile_onnx)."""
+    offset spans two lines three times in four. nn.LSTM's recurrence kernels read their
+    packed weights at offsets 16 and 32 through torch.compile and 32 and 48 through
+    compile_onnx, and took 1.95 and 1.66 ms; aligned, 1.33 both)."""
     raw = np.empty(a.nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)

@@ -25,6 +25,7 @@ def _winograd_on_small_images(monkeypatch):
 
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
 
+
 AVX512 = gemm.Tile(vec=16, nv=2, mr=12)  # the tile the measured choices below were made on
 
 
