@@ -98,9 +98,11 @@ class ConvShape:
     @property
     def copies_rows(self) -> bool:
         """A 1x1 conv (each output pixel reads one input pixel's Cin channels) whose
-        pixels are a multiple of 4 KiB apart: its tiles read their rows from a padded
-        copy, made once per row block and panel group (gemm.packed_rows, tile_order)."""
-        return self.kh == self.kw == 1 and gemm.copies_rows(self.cin * self.strides[1] * 4,
+        pixels are a multiple of 4 KiB apart, on a tile with more rows than L1 has ways:
+        its tiles read their rows from a padded copy, made once per row block and panel
+        group (gemm.copies_rows, gemm.packed_rows, tile_order)."""
+        return self.kh == self.kw == 1 and gemm.copies_rows(self.tile,
+                                                            self.cin * self.strides[1] * 4,
                                                             self.cin)
 
     @property

@@ -55,7 +55,8 @@ MIN_NR = 16
 @dataclass(frozen=True)
 class Tile:
     """The micro-kernel's register tile on one target: MR rows x NV vectors of `vec`
-    floats; `fma` (else a multiply and an add), `l2_bytes` (one core's L2)."""
+    floats; `fma` (else a multiply and an add), `l2_bytes` (one core's L2), `l1d_bytes`
+    (one core's L1D)."""
 
     vec: int
     nv: int
@@ -65,6 +66,7 @@ class Tile:
     # the packed panels' width in floats where it is wider than this tile (`narrowed`:
     # the last panel's tile reads the first columns of a panel packed full width); 0: NR
     stride: int = 0
+    l1d_bytes: int = 32 << 10
 
     @property
     def nr(self) -> int:
@@ -104,7 +106,8 @@ class Tile:
         nv = max(2, MIN_NR // target.vec)
         spare = 0 if target.fma else 1
         mr = min(MAX_MR, (target.vector_registers - nv - 1 - spare) // nv)
-        tile = cls(target.vec, nv, mr, target.fma, target.l2_bytes)
+        tile = cls(target.vec, nv, mr, target.fma, target.l2_bytes,
+                   l1d_bytes=target.l1d_bytes)
         assert mr >= 1 and tile.registers <= target.vector_registers, tile
         return tile
 
@@ -194,12 +197,19 @@ def splat_constant(b: ir.IRBuilder, value: float, vtype: ir.VectorType):
 
 
 # A's rows are copied to a scratch with rows this many floats longer (one cache line)
-# when their stride is a multiple of ALIAS_BYTES: the micro-kernel reads one element of
-# each of its up to MR rows per step, and rows 4 KiB apart all fall in the same L1 set
-# (8 ways), so they evict each other. Such products then go row-block-major, so that a
-# thread copies a row block once for all its panels. Measured on ResNet-50's 1x1 convs
-# with 1024 or 2048 input channels, or 512 at stride 2, one conv at a time: 1 thread
-# 97-102 -> 107-112 GFLOP/s; 2 threads 180-218 -> 209-221.
+# when their stride is a multiple of ALIAS_BYTES and the tile has more rows than L1 has
+# ways: the micro-kernel reads one element of each of its MR rows per step, and rows
+# 4 KiB apart all fall in the same L1 set, so they evict each other. x86's L1D has 4 KiB
+# per way (64 sets of 64 bytes), so its ways are l1d_bytes / 4096: 8 on Zen 4 (32 KiB),
+# 12 on Intel's 48 KiB cores. Measured on Zen 4 (AVX-512's 12 rows over 8 ways), ResNet-50's
+# 1x1 convs with 1024 or 2048 input channels, or 512 at stride 2, one conv at a time:
+# 1 thread 97-102 -> 107-112 GFLOP/s; 2 threads 180-218 -> 209-221. Where the rows fit
+# the ways (12 rows, 12 ways, on an Intel Xeon) the copy only costs: 2 threads, the
+# product alone, 197 x 3072 x 768 (ViT's MLP down-projection) 263-281 -> 323-342 GFLOP/s
+# without it, 49 x 2048 x 512 262-286 -> 303-315. Models, this rule against copying
+# wherever rows alias (medians of 8 interleaved): ViT-B/16 118.2 -> 112.8 ms, BERT-base
+# 75.9 -> 67.9, ResNet-50 24.0 -> 23.1; built for x86-64-v3 (AVX2's 6 rows, now read in
+# place on any L1 of 8 ways or more) ViT-B/16 185.4 -> 171.8, ResNet-50 35.0 -> 34.7.
 ROW_PAD = 16  # floats: one 64-byte cache line
 ALIAS_BYTES = 4096
 # The copy lives on the calling thread's stack, a tile's rows of K + ROW_PAD floats: past this
@@ -213,11 +223,18 @@ def aliasing(row_stride_bytes: int) -> bool:
     return row_stride_bytes % ALIAS_BYTES == 0
 
 
-def copies_rows(row_stride_bytes: int, k: int) -> bool:
-    """Whether tiles read their rows of k floats, `row_stride_bytes` apart, from a padded
-    copy (`packed_rows`): rows that alias in L1 and whose copy, for the tallest tile of any
-    target (MAX_MR rows), fits COPY_SCRATCH_BYTES."""
-    return aliasing(row_stride_bytes) and MAX_MR * (k + ROW_PAD) * 4 <= COPY_SCRATCH_BYTES
+def l1_ways(tile: Tile) -> int:
+    """Ways of the target's L1D, as x86 builds it (4 KiB a way; see ALIAS_BYTES)."""
+    return max(1, tile.l1d_bytes // ALIAS_BYTES)
+
+
+def copies_rows(tile: Tile, row_stride_bytes: int, k: int) -> bool:
+    """Whether `tile`'s tiles read their rows of k floats, `row_stride_bytes` apart, from a
+    padded copy (`packed_rows`): rows that alias in L1, more of them than L1 has ways, and
+    whose copy, for the tallest tile of any target (MAX_MR rows), fits
+    COPY_SCRATCH_BYTES."""
+    return (aliasing(row_stride_bytes) and tile.mr > l1_ways(tile)
+            and MAX_MR * (k + ROW_PAD) * 4 <= COPY_SCRATCH_BYTES)
 
 
 def packed_rows(b: ir.IRBuilder, tile: Tile, rows: int, k: int, key, row_ptrs: list) -> list:
@@ -257,8 +274,8 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
     """Compute work item `item` (one tile) of C = A @ B with B packed by `pack_b`; before,
     `before(b, rows, row0, panel)`, and after, `after(...)`, if given (prefetches for
     the tile; an epilogue over the tile just stored)."""
-    copies = copies_rows(shape.k * 4, shape.k)
     t = shape.tile
+    copies = copies_rows(t, shape.k * 4, shape.k)
 
     def tile(b, rows, row0, panel):
         if before is not None:

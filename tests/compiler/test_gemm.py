@@ -10,6 +10,7 @@ from compiler.codegen import compile_graph
 from compiler.codegen.compiled import PACKED
 from compiler.kernels import gemm
 from compiler.target import host
+from compiler.target import parse as parse_target
 from compiler.text import parse_graph
 from runtime.cpu import CpuStep
 
@@ -158,15 +159,33 @@ def test_tile_rows_use_the_fewest_blocks_then_the_shortest():
     assert gemm.tile_rows(5, 12) == 5 and gemm.tile_rows(13, 6) == 5
 
 
+# x86-64-v4: AVX-512's 12-row tile, on the default 32 KiB (8-way) L1D of a named CPU
+V4 = "cpu:x86-64-v4"
+
+
 def test_rows_4k_apart_are_copied_once_per_row_block():
-    """K = 1024 floats: A's rows alias in L1, so tiles read a padded copy, made in an
-    alloca of MR rows of K + ROW_PAD, and the tiles go row-block-major."""
+    """K = 1024 floats: A's rows alias in L1, and AVX-512's 12 rows outnumber an 8-way
+    L1's ways, so tiles read a padded copy, made in an alloca of MR rows of K + ROW_PAD,
+    and the tiles go row-block-major. On a 12-way L1 (48 KiB) the 12 rows fit, and they
+    are read in place; so are AVX2's 6 rows anywhere."""
+    import dataclasses
+
     assert gemm.aliasing(1024 * 4) and gemm.aliasing(2048 * 4) and not gemm.aliasing(512 * 4)
+    t8 = gemm.Tile(vec=16, nv=2, mr=12, l1d_bytes=32 << 10)
+    assert gemm.l1_ways(t8) == 8 and gemm.copies_rows(t8, 1024 * 4, 1024)
+    assert not gemm.copies_rows(dataclasses.replace(t8, l1d_bytes=48 << 10), 1024 * 4, 1024)
+    assert not gemm.copies_rows(gemm.Tile(vec=8, nv=2, mr=6), 1024 * 4, 1024)
     w = np.ones((1024, 64), np.float32)
-    ir_text = compile_graph(_matmul((24, 1024), (1024, 64), w)).llvm_ir
-    assert f"alloca float, i64 {TILE.mr * (1024 + gemm.ROW_PAD)}" in ir_text
-    ir_text = compile_graph(_matmul((24, 512), (512, 64), w[:512])).llvm_ir
-    assert f"alloca float, i64 {TILE.mr * (512 + gemm.ROW_PAD)}" not in ir_text
+    ir_text = compile_graph(_matmul((24, 1024), (1024, 64), w), target=V4).llvm_ir
+    assert f"alloca float, i64 {t8.mr * (1024 + gemm.ROW_PAD)}" in ir_text
+    ir_text = compile_graph(_matmul((24, 512), (512, 64), w[:512]), target=V4).llvm_ir
+    assert f"alloca float, i64 {t8.mr * (512 + gemm.ROW_PAD)}" not in ir_text
+    wide = CpuStep(compile_graph(_matmul((24, 1024), (1024, 64), w),
+                                 target=dataclasses.replace(parse_target(V4),
+                                                            l1d_bytes=48 << 10)))
+    assert "alloca float" not in wide.llvm_ir
+    a = np.random.default_rng(6).standard_normal((24, 1024)).astype(np.float32)
+    np.testing.assert_allclose(wide.run([a])[0], a @ w, rtol=1e-5, atol=1e-4)
 
 
 def test_copied_rows_of_a_weight_past_l2_walk_panel_groups(monkeypatch):
@@ -178,17 +197,18 @@ def test_copied_rows_of_a_weight_past_l2_walk_panel_groups(monkeypatch):
     product is numpy's."""
     import dataclasses
 
-    big = dataclasses.replace(TILE, l2_bytes=2 << 20)
+    big = dataclasses.replace(TILE, l2_bytes=2 << 20, l1d_bytes=32 << 10)
     assert gemm.tile_order(big, 1024, 256, 49, 49 * 1024 * 4, True) == (True, 1)  # 1 MiB
     assert gemm.tile_order(big, 2048, 512, 49, 49 * 2048 * 4, True) == (False, 4)  # 4 MiB
     assert gemm.tile_order(big, 2048, 512, 49, 49 * 2048 * 4, False) == (False, 1)
     assert gemm.tile_order(big, 16, 64, 36, 36 * 16 * 4, True) == (True, 1)
     of = gemm.Tile.of
-    small = classmethod(lambda cls, t: dataclasses.replace(of(t), l2_bytes=560 << 10))
+    small = classmethod(lambda cls, t: dataclasses.replace(of(t), l2_bytes=560 << 10,
+                                                           l1d_bytes=32 << 10))
     monkeypatch.setattr(gemm.Tile, "of", small)
     m, k, n = 30, 1024, 150
     tile = gemm.Tile.of(host())
-    assert gemm.copies_rows(k * 4, k)
+    assert gemm.copies_rows(tile, k * 4, k)
     group = (280 << 10) // (k * tile.nr * 4)  # 2 on 32-column panels, 4 on 16
     assert gemm.tile_order(tile, k, n, m, m * k * 4, True) == (False, group) and group > 1
     rng = np.random.default_rng(4)
@@ -208,7 +228,7 @@ def test_panel_major_tiles_spread_the_next_panels_prefetch_over_their_row_blocks
     every line of the next panel is asked for, and past it no more than the shares
     overlap; and the product is numpy's."""
     m, k, n = 49, 768, 3072
-    assert not gemm.row_major(TILE, k, n, m) and not gemm.copies_rows(k * 4, k)
+    assert not gemm.row_major(TILE, k, n, m) and not gemm.copies_rows(TILE, k * 4, k)
     blocks = -(-m // gemm.tile_rows(m, TILE.mr))
     rng = np.random.default_rng(5)
     w = rng.standard_normal((k, n)).astype(np.float32)
@@ -237,7 +257,8 @@ def test_rows_too_long_for_a_stack_copy_are_read_in_place():
     thread's stack, overflowed it (SIGSEGV). Rows past COPY_SCRATCH_BYTES are read in
     place, and the product is still right."""
     k = 1 << 18
-    assert gemm.copies_rows(4096 * 4, 4096) and not gemm.copies_rows(k * 4, k)
+    t8 = gemm.Tile(vec=16, nv=2, mr=12, l1d_bytes=32 << 10)
+    assert gemm.copies_rows(t8, 4096 * 4, 4096) and not gemm.copies_rows(t8, k * 4, k)
     rng = np.random.default_rng(2)
     w = rng.standard_normal((k, 16)).astype(np.float32)
     a = rng.standard_normal((12, k)).astype(np.float32)
