@@ -152,7 +152,7 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
     wide = s.wide_rows
     t = s.tile
 
-    def tile(b, rows, row0, panel):
+    def tile(b, rows, row0, panel, rb):
         if before is not None:
             before(b, rows, row0, panel)
         pix = [_pixel(b, s, b.add(row0, _i64(r))) for r in range(rows)]
@@ -172,7 +172,7 @@ def emit_item(b: ir.IRBuilder, s: ConvShape, x_ptr, packed_ptr, bias_ptr, y_ptr,
             return [_input_row(b, s, x_ptr, zeros, n, y0, x0, dy, dx) for n, y0, x0 in pix]
 
         outer, inner = (s.kh, s.kw * s.cin) if wide else (s.kh * s.kw, s.cin)
-        far = gemm.next_panel(b, t, s.m, s.k, row0, panel, by_rows, group)
+        far = gemm.next_panel(b, t, s.m, s.k, rb, panel, by_rows, group)
 
         def product(b, tt):
             vals = summation.accumulate(b, tt, rows, packed_ptr, b.mul(panel, _i64(s.k)),

@@ -277,7 +277,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
     t = shape.tile
     copies = copies_rows(t, shape.k * 4, shape.k)
 
-    def tile(b, rows, row0, panel):
+    def tile(b, rows, row0, panel, rb):
         if before is not None:
             before(b, rows, row0, panel)
         ptrs = [b.gep(a_ptr, [b.mul(b.add(row0, _i64(r)), _i64(shape.k))],
@@ -288,7 +288,7 @@ def emit_item(b: ir.IRBuilder, shape: GemmShape, a_ptr, packed_ptr, c_ptr, item,
         def row_ptrs(b, kk):
             return ptrs
 
-        far = next_panel(b, t, shape.m, shape.k, row0, panel, by_rows, group)
+        far = next_panel(b, t, shape.m, shape.k, rb, panel, by_rows, group)
 
         def product(b, tt):
             vals = summation.accumulate(b, tt, rows, packed_ptr, b.mul(panel, _i64(shape.k)),
@@ -351,34 +351,31 @@ class Spread:
     step: int
 
 
-def next_panel(b: ir.IRBuilder, t: Tile, m: int, k: int, row0, panel, by_rows: bool,
+def next_panel(b: ir.IRBuilder, t: Tile, m: int, k: int, rb, panel, by_rows: bool,
                group: int = 1) -> Spread | None:
-    """The `far` prefetch of a tile's K loop, or None. In panel-major order the first row
-    block of a panel streams it from L3 or memory and the later ones read it from L2, the
-    outer caches idle. So each of a panel's R row blocks also asks for 1/R of the panel
-    it will walk next (the next one, or in panel groups its place in the next group: the
-    panel `group` on) into L2, row block rb its rb-th slice, K * NR / R floats over its K
-    steps, and that panel's first tile finds it there: the stream from L3 runs at one
-    rate, not in bursts a row block long. In the model, 2 threads on an Intel Xeon
-    (AVX-512 at full width), medians of 10-12 interleaved: bert_base 91.5 -> 82.2 ms,
-    convnext_tiny 36.5 -> 34.1, resnet50 26.3 -> 25.9 against the earlier scheme (the
-    second row block asked for the whole next panel, the others for the near row again,
-    and that was slower there than no far prefetch at all: 85.6, 35.5, 25.7); spread in
-    panel groups too, bert_base 81.3 -> 79.4, resnet50 27.5 -> 27.0. The address then
-    took a division per K step, and built for AVX2 (12 FMAs a step, the loop issue-bound)
-    spreading was 3% slower than no far prefetch; computed as row * step + offset,
-    against none, medians of 8: bert_base 83.1 -> 75.4 ms, convnext_tiny 35.4 -> 33.5,
-    and for AVX2 133.8 -> 129.6 and 51.8 -> 50.2. On Zen 4 the earlier scheme had helped
-    AVX2's 6 x 16 tile most (four 32 x 768 x 768 GEMMs whose weights sit in L3, 1
-    thread, CPU time, min of 41: 1.58-1.60 -> 1.49-1.53 ms; AVX-512 noise), and a spread
-    tried there was 1.42-1.47x slower: this one is not measured on Zen 4."""
+    """The `far` prefetch of a tile's K loop, or None. In panel-major order the first
+    row block of a panel streams it from L3 or memory and the later ones read it from
+    L2, the outer caches idle. So each of a panel's R row blocks also asks for 1/R of
+    the panel it will walk next (the next one, or in panel groups its place in the next
+    group: the panel `group` on) into L2, row block `rb` (for_each_tile's) its rb-th
+    slice, K * NR / R floats over its K steps, and that panel's first tile finds it
+    there: the stream from L3 runs at one rate, not in bursts a row block long. In the
+    model, 2 threads on an Intel Xeon (AVX-512 at full width), medians of 10-12
+    interleaved: bert_base 91.5 -> 82.2 ms, convnext_tiny 36.5 -> 34.1, resnet50 26.3 ->
+    25.9 against the earlier scheme (the second row block asked for the whole next
+    panel, the others for the near row again, and that was slower there than no far
+    prefetch at all: 85.6, 35.5, 25.7); spread in panel groups too, bert_base 81.3 ->
+    79.4, resnet50 27.5 -> 27.0. The address then took a division per K step, and built
+    for AVX2 (12 FMAs a step, the loop issue-bound) spreading was 3% slower than no far
+    prefetch; computed as row * step + offset, against none, medians of 8: bert_base
+    83.1 -> 75.4 ms, convnext_tiny 35.4 -> 33.5, and for AVX2 133.8 -> 129.6 and 51.8 ->
+    50.2. On Zen 4 the earlier scheme had helped AVX2's 6 x 16 tile most (four 32 x 768
+    x 768 GEMMs whose weights sit in L3, 1 thread, CPU time, min of 41: 1.58-1.60 ->
+    1.49-1.53 ms; AVX-512 noise), and a spread tried there was 1.42-1.47x slower: this
+    one is not measured on Zen 4."""
     blocks = -(-m // tile_rows(m, t.mr))
     if by_rows or blocks < 2:
         return None
-    rb = _i64(0)  # row0's block: the count of later blocks' starts at or before it
-    for i in range(1, blocks):
-        past = b.icmp_unsigned(">=", row0, _i64(block_start(m, t.mr, i)))
-        rb = b.add(rb, b.zext(past, I64))
     return spread(b, panel, b.add(panel, _i64(group)), rb, blocks, k, t.nr)
 
 
@@ -453,16 +450,16 @@ def row_split(m: int, mr: int) -> tuple[int, int, int]:
 
 def for_each_tile(b: ir.IRBuilder, t: Tile, m: int, n: int, item, tile,
                   by_rows: bool = False, group: int = 1) -> None:
-    """Work item `item` -> tile(b, rows, row0, panel); consecutive items share a panel, or
-    (`by_rows`) a row block, or (`group` > 1) walk `group` panels for each row block in
-    turn before the next group of panels. The M rows split into ceil(M / MR) blocks as
-    even as can be: `big` blocks have `mr` = tile_rows(m, MR) rows, the others mr - 1
-    (M = 32 on AVX2's MR = 6: two blocks of 6 and four of 5, not five of 6 and a lone 2
-    that keeps only four accumulators in flight, half the FMA rate), and the taller
-    blocks are spread evenly (`block_start`), so that a thread's contiguous share of row
-    blocks holds its share of the rows: M = 49 in 9 blocks on AVX2 (row-block-major)
-    split 26.5 / 22.5 rows between two threads with the four blocks of 6 first, 24 / 25
-    spread (5, 5, 6, 5, 6, 5, 6, 5, 6)."""
+    """Work item `item` -> tile(b, rows, row0, panel, rb) (rb: the row block, an i64);
+    consecutive items share a panel, or (`by_rows`) a row block, or (`group` > 1) walk
+    `group` panels for each row block in turn before the next group of panels. The M
+    rows split into ceil(M / MR) blocks as even as can be: `big` blocks have `mr` =
+    tile_rows(m, MR) rows, the others mr - 1 (M = 32 on AVX2's MR = 6: two blocks of 6
+    and four of 5, not five of 6 and a lone 2 that keeps only four accumulators in
+    flight, half the FMA rate), and the taller blocks are spread evenly (`block_start`),
+    so that a thread's contiguous share of row blocks holds its share of the rows: M =
+    49 in 9 blocks on AVX2 (row-block-major) split 26.5 / 22.5 rows between two threads
+    with the four blocks of 6 first, 24 / 25 spread (5, 5, 6, 5, 6, 5, 6, 5, 6)."""
     mr, blocks, big = row_split(m, t.mr)
     panels = -(-n // t.nr)
     if by_rows:
@@ -479,7 +476,7 @@ def for_each_tile(b: ir.IRBuilder, t: Tile, m: int, n: int, item, tile,
     else:
         rb, panel = b.urem(item, _i64(blocks)), b.udiv(item, _i64(blocks))
     if big >= blocks:
-        tile(b, mr, b.mul(rb, _i64(mr)), panel)
+        tile(b, mr, b.mul(rb, _i64(mr)), panel, rb)
         return
     before = b.udiv(b.mul(rb, _i64(big)), _i64(blocks))  # taller blocks ahead of rb
     after = b.udiv(b.mul(b.add(rb, _i64(1)), _i64(big)), _i64(blocks))
@@ -487,9 +484,9 @@ def for_each_tile(b: ir.IRBuilder, t: Tile, m: int, n: int, item, tile,
     row0 = b.add(b.mul(rb, _i64(mr - 1)), before)
     with b.if_else(is_big) as (then, otherwise):
         with then:
-            tile(b, mr, row0, panel)
+            tile(b, mr, row0, panel, rb)
         with otherwise:
-            tile(b, mr - 1, row0, panel)
+            tile(b, mr - 1, row0, panel, rb)
 
 
 def prefetch(b: ir.IRBuilder, ptr, write: bool, locality: int = 3) -> None:
