@@ -27,7 +27,7 @@ import numpy as np
 from llvmlite import ir
 
 from compiler import dtypes
-from compiler.codegen import llvm_cpu, mathlib, parallel, row_vectors
+from compiler.codegen import fpmode, llvm_cpu, mathlib, parallel, row_vectors
 from compiler.codegen.cpu_rows import RowKernels
 from compiler.codegen.emitter import (ElementEmitter, broadcast_index, delinearize, i64,
                                       linear_index, scalar_constant)
@@ -151,6 +151,7 @@ class Renderer(RowKernels):
         fn.linkage = linkage
         bufs, lo, hi = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        fpmode.ensure(b, self.target.triple, fpmode.flushes(k))
         ptrs = self._buffers(b, bufs, kernel_leaves(k, self.slots) + [k.root])
         self._faults = FaultWord(b) if FAULTS in self._local else None
         root = k.root
@@ -659,7 +660,9 @@ class Renderer(RowKernels):
         hi = b.add(lo, chunk)
         lo = b.select(b.icmp_signed(">", lo, i64(outer)), i64(outer), lo)
         hi = b.select(b.icmp_signed(">", hi, i64(outer)), i64(outer), hi)
+        saved = fpmode.save(b, self.target.triple)  # an OpenMP thread is not braze's
         b.call(nest, [fn.args[0], lo, hi])
+        fpmode.restore(b, self.target.triple, saved)
         b.ret_void()
         return fn
 
@@ -682,6 +685,7 @@ class Renderer(RowKernels):
                 now = b.call(self._decl("llvm.readcyclecounter", I64, []), [])
                 b.store(now, b.gep(fn.args[2], [i64(j)], source_etype=I64, inbounds=True))
 
+        saved = fpmode.save(b, self.target.triple)  # each kernel sets its own
         stamp(0)
         for j, (nest, outer, mode, values) in enumerate(nests, start=1):
             table = self._table(b, bufs, values)
@@ -699,6 +703,7 @@ class Renderer(RowKernels):
             else:
                 b.call(nest, [table, i64(0), i64(outer)])
             stamp(j)
+        fpmode.restore(b, self.target.triple, saved)
         b.ret_void()
 
     def _table(self, b: ir.IRBuilder, bufs, values: list):

@@ -18,7 +18,8 @@ vmaxps/vminps each, where llvm.minnum without nnan adds a NaN fix-up). Sigmoid d
 once (its numerator selected by sign).
 
 Accuracy, measured against numpy in float64 and stated in ulps of float32
-(tests/compiler/test_codegen_math.py checks these bounds over wide ranges):
+(tests/compiler/test_codegen_math.py checks these bounds over wide ranges), in an
+element-wise kernel (IEEE denormals; a summing kernel flushes them: fpmode.py):
   exp      <= 2 ulp for finite results, denormal results included (2^n is applied
            as two normal factors, so a denormal result is rounded once);
            +inf above 88.72, 0 below -103.98, NaN -> NaN.

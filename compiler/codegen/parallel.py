@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from compiler.codegen import fpmode
 from compiler.codegen.symbols import declare
 from compiler.target import arch_of
 
@@ -134,7 +135,9 @@ def gomp_module(triple: str, linkage: str = "external") -> str:
     chunk = b.sdiv(b.add(outer, b.sub(nth, _c(1))), nth)
     lo = _min(b, b.mul(tid, chunk), outer)
     hi = _min(b, b.add(b.mul(tid, chunk), chunk), outer)
+    saved = fpmode.save(b, triple)  # the application's thread: its mode put back
     b.call(_Indirect(nest, NEST), [table, lo, hi])
+    fpmode.restore(b, triple, saved)
     b.ret_void()
 
     fn = ir.Function(m, PARALLEL_TYPE, PARALLEL)
