@@ -48,10 +48,14 @@ FOLD_GROWN_ELEMENTS = 1 << 18
 FOLD_MAX_ELEMENTS = 1 << 26
 FOLD_REORDER_OPS = ("transpose", "reshape")
 
-# Constants up to this many elements are compared by value in CSE; larger ones
-# (weights) are not: hashing megabytes of weights costs more than the rare
-# duplicate saves.
+# Constants up to this many elements are keyed by their bytes in CSE; larger ones
+# (weights) by dtype, shape and CSE_SAMPLES evenly spaced elements, and merged only
+# when all their bytes are equal (compared only where the samples agree). Shared weights
+# are not rare: a torch.fx graph transposes ALBERT's one set of layer weights once per
+# layer, and folding made twelve copies of each (77 constants, 356 MB, where the ONNX
+# export has 11 and 44 MB), each packed and streamed from memory on its own.
 CSE_CONST_ELEMENTS = 1 << 12
+CSE_SAMPLES = 64
 
 
 # -- constant folding ----------------------------------------------------------
@@ -146,11 +150,21 @@ def cse_key(node: Node, ids: dict[Value, int]) -> tuple | str:
         arr = node.attrs["value"]
         if arr.dtype == object:
             return "string constants are not compared"
-        if arr.size > CSE_CONST_ELEMENTS:
-            return f"constants over {CSE_CONST_ELEMENTS} elements are not compared by value"
+        if arr.size > CSE_CONST_ELEMENTS:  # merged only if _same_bytes (below)
+            picks = np.linspace(0, arr.size - 1, CSE_SAMPLES).astype(np.int64)
+            return ("large const", arr.dtype.str, arr.shape, arr.flat[picks].tobytes())
         return ("const", arr.dtype.str, arr.shape, arr.tobytes())
     attrs = tuple((k, _freeze(v)) for k, v in sorted(node.attrs.items()))
     return (node.op, attrs, tuple(ids[v] for v in node.inputs))
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two constants of one dtype and shape hold the same bytes (NaNs and
+    signed zeros as they are)."""
+    if a is b:
+        return True
+    return np.array_equal(np.ascontiguousarray(a).view(np.uint8),
+                          np.ascontiguousarray(b).view(np.uint8))
 
 
 def eliminate_common_subexpressions(graph: Graph) -> bool:
@@ -161,14 +175,16 @@ def eliminate_common_subexpressions(graph: Graph) -> bool:
     kept, changed = [], False
     for node in graph.nodes:
         key = cse_key(node, ids)
-        twin = seen.get(key) if isinstance(key, tuple) else None
+        twins = seen.get(key, ()) if isinstance(key, tuple) else ()
+        twin = next((t for t in twins if key[0] != "large const" or _same_bytes(
+            node.attrs["value"], t.attrs["value"])), None)
         if twin is not None and any(o in outputs for o in node.outputs) and any(
                 o in outputs for o in twin.outputs):
             log.debug("cse: %s kept apart from %s: both are graph outputs", node, twin)
             twin = None
         if twin is None:
             if isinstance(key, tuple):
-                seen.setdefault(key, node)
+                seen.setdefault(key, []).append(node)
             ids.update((o, len(ids)) for o in node.outputs)
             kept.append(node)
             continue

@@ -191,3 +191,47 @@ graph main(%x: f32[2]) -> (%a, %b, %h1, %h2) {
 }""")
     assert not eliminate_common_subexpressions(g)
     assert len(g.nodes) == 4
+
+
+def _large_const_graph(w1: np.ndarray, w2: np.ndarray) -> Graph:
+    """Two matmuls reading two weight constants of more than CSE_CONST_ELEMENTS elements,
+    as a torch.fx graph of a model sharing its layers' weights has them after folding."""
+    return parse_graph("""
+graph main(%x: f32[3,96]) -> (%y) {
+  %w1 = const() {value=@w1} : f32[96,64]
+  %w2 = const() {value=@w2} : f32[96,64]
+  %a = matmul(%x, %w1) : f32[3,64]
+  %b = matmul(%x, %w2) : f32[3,64]
+  %y = add(%a, %b) : f32[3,64]
+}""", {"w1": w1, "w2": w2})
+
+
+def test_cse_merges_large_constants_with_equal_bytes():
+    """Equal weights made by separate folds (distinct arrays) become one constant, so
+    they are packed and read once; the result is the same."""
+    w = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
+    assert w.size > simplify.CSE_CONST_ELEMENTS
+    g = _large_const_graph(np.ascontiguousarray(w.T), np.ascontiguousarray(w.T))
+    xs = random_inputs(g)
+    want = evaluate(g, xs)
+    assert eliminate_common_subexpressions(g)
+    remove_dead(g)
+    verify(g)
+    assert [n.op for n in g.nodes].count("const") == 1
+    np.testing.assert_array_equal(evaluate(g, xs)[0], want[0])
+
+
+@pytest.mark.parametrize("where", [0, 1, 4321, -1])
+def test_cse_keeps_large_constants_that_differ_anywhere(where):
+    """Weights equal in every sampled element but one byte apart elsewhere (or at a
+    sampled place) stay two constants."""
+    w1 = np.random.default_rng(1).standard_normal((96, 64)).astype(np.float32)
+    w2 = w1.copy()
+    w2.reshape(-1)[where] = np.nextafter(w2.reshape(-1)[where], np.float32(np.inf))
+    g = _large_const_graph(w1, w2)
+    assert not eliminate_common_subexpressions(g)
+    neg = w1.copy()
+    neg.reshape(-1)[7] = 0.0
+    pos = neg.copy()
+    neg.reshape(-1)[7] = -0.0  # equal by ==, not by bytes
+    assert not eliminate_common_subexpressions(_large_const_graph(neg, pos))
