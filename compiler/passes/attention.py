@@ -12,6 +12,9 @@ Pattern, rooted at the second matmul (the importers' softmax is max, sub, exp, s
 
 c_q * Q (and c_k * KT) may also reach the matmul through a reshape that keeps the last two
 dims (aten's N-d matmul merges the batch dims of a scaled q): Q is then reshaped itself.
+The softmax may be taken between two such reshapes, P reaching the matmul through one and
+s reached from the scores through the other (aten's einsum: batches merged for the
+products, the model's dims for the softmax): the same rows, so the same attention.
 
 Maths. Walking down from s, let g be the product of the scalar factors met so far (g = 1
 at s). A factor c below multiplies g by c (1/c for div). An `add M` at factor g
@@ -179,6 +182,16 @@ def _unscaled(u: Value, ctx: Context):
     return None
 
 
+def _regroups_batch(u: Value) -> bool:
+    """Whether u is a reshape that only regroups batch dims (its last two dims kept):
+    aten's einsum and N-d matmul compute on 3-d batches around a softmax taken on the
+    model's own dims (MaxViT: scores (32, 49, 49) viewed as (1, 4, 8, 49, 49) for the
+    softmax, and back), the same softmax over the same rows."""
+    p = u.producer
+    return (p is not None and p.op == "reshape" and len(u.shape) >= 2
+            and len(p.inputs[0].shape) >= 2 and p.inputs[0].shape[-2:] == u.shape[-2:])
+
+
 def _only_here(u: Value, ctx: Context) -> bool:
     return len(ctx.readers(u)) == 1 and not ctx.is_output(u)
 
@@ -187,9 +200,13 @@ def check(node: Node, ctx: Context) -> Match | str:
     from compiler.kernels import attention
 
     p, v = node.inputs
+    if _regroups_batch(p) and _only_here(p, ctx):
+        p = p.producer.inputs[0]
     s = _softmax_input(p, ctx)
     if isinstance(s, str):
         return s
+    if _regroups_batch(s) and _only_here(s.producer.inputs[0], ctx):
+        s = s.producer.inputs[0]
     m = _scores(s, ctx)
     if isinstance(m, str):
         return m

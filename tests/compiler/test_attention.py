@@ -94,6 +94,50 @@ graph attn(%q: f32[2,5,16], %k: f32[2,5,16], %v: f32[2,5,16], %keep: bool[5,5]) 
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+
+
+def _einsum_form(rows: int = 7) -> str:
+    """aten's einsum attention (torchvision's MaxViT): the products and the bias on 3-d
+    batches, the softmax on the model's (1, 2, 3, T, T) (rows = 7) between reshapes; with
+    rows = 49 the softmax runs over another grouping of the scores."""
+    t = 7
+    cols = t * t // rows
+    five = f"1,2,3,{rows},{cols}"
+    return f"""
+graph attn(%q: f32[6,7,16], %k: f32[6,7,16], %v: f32[6,7,16], %bias: f32[6,7,7]) -> (%o) {{
+  %kt = transpose(%k) {{perm=[0,2,1]}} : f32[6,16,7]
+  %s3 = matmul(%q, %kt) : f32[6,7,7]
+  %sb = add(%s3, %bias) : f32[6,7,7]
+  %s = reshape(%sb) {{shape=[{five}]}} : f32[{five}]
+  %mx = reduce_max(%s) {{axes=[4], keepdims=true}} : f32[1,2,3,{rows},1]
+  %z = sub(%s, %mx) : f32[{five}]
+  %e = exp(%z) : f32[{five}]
+  %sum = reduce_sum(%e) {{axes=[4], keepdims=true}} : f32[1,2,3,{rows},1]
+  %p5 = div(%e, %sum) : f32[{five}]
+  %p = reshape(%p5) {{shape=[6,7,7]}} : f32[6,7,7]
+  %o = matmul(%p, %v) : f32[6,7,16]
+}}
+"""
+
+
+def test_softmax_between_batch_reshapes_is_recognized():
+    """A softmax between reshapes that only regroup batch dims is the same softmax of the
+    same rows: one attention node, the same numbers. Reshapes that regroup the rows
+    themselves (a softmax over 49 rows of 1) keep it decomposed."""
+    text = _einsum_form()
+    g = parse_graph(text)
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal((6, 7, 16)).astype(np.float32) for _ in range(3)]
+    ins.append(rng.standard_normal((6, 7, 7)).astype(np.float32))
+    want, = CpuStep(compile_graph(parse_graph(text))).run(ins)
+    assert fuse_attention(g)
+    g.remove_dead()
+    assert _ops(g).count("attention") == 1 and "exp" not in _ops(g)
+    got, = CpuStep(compile_graph(g)).run(ins)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not fuse_attention(parse_graph(_einsum_form(rows=49)))
+
+
 def _attention_graph(b, h, t, d, causal, mask):
     x = _dims((b, h, t, d))
     m_in = f", %m: {mask}[{t},{t}]" if mask else ""
