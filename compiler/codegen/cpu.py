@@ -38,6 +38,7 @@ from compiler.codegen.kernel_facts import (ITEMS, LOOP_BLOCK, PACKED, TEAM, by_c
 from compiler.codegen.kernel_facts import extent as _extent
 from compiler.codegen.kernel_facts import interleave as _interleave
 from compiler.codegen.kernel_facts import may_fault as _may_fault
+from compiler.codegen.kernel_facts import row_group as _row_group
 from compiler.codegen.kernel_facts import short_rows as _short_rows
 from compiler.codegen.kernel_facts import signature as _signature
 from compiler.codegen.kernel_facts import transposed_last as _transposed_last
@@ -192,6 +193,8 @@ class Renderer(RowKernels):
             counted_loop(b, lo, hi, lambda b, o: self._column_kernel(b, ptrs, k, o))
         elif k.kind == "row":
             counted_loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
+        elif (group := _row_group(k)):
+            counted_loop(b, lo, hi, lambda b, o: self._row_group(b, ptrs, k, o, group))
         elif is_flat(k):
             work = root.type.size
             counted_loop(b, lo, hi, lambda b, o: self._flat_block(b, ptrs, k, o, work))
@@ -252,6 +255,33 @@ class Renderer(RowKernels):
             counted_loop(b, i64(lo), i64(hi),
                          lambda b, j, pin={node: (i, lo)}: element(b, j, pin),
                          hints=self._loop_hints(k, hi - lo))
+
+    def _row_group(self, b, ptrs, k: Kernel, o, group: int) -> None:
+        """Rows [o group, (o + 1) group) of a loop kernel's root (kernel_facts.row_group):
+        the inner loop over the row's elements outside, the group's rows unrolled inside,
+        so each step reads `group` neighbours of one source row. A last group short of
+        rows runs row by row."""
+        root = k.root
+        inner = root.shape[-1]
+        rows = root.type.size // inner
+        first = b.mul(o, i64(group))
+        full = b.icmp_signed("<=", b.add(first, i64(group)), i64(rows))
+        with b.if_else(full) as (whole, part):
+            with whole:
+                heads = [delinearize(b, b.add(first, i64(r)), root.shape[:-1])
+                         for r in range(group)]
+                bases = [b.mul(b.add(first, i64(r)), i64(inner)) for r in range(group)]
+
+                def step(b, j):
+                    em = self._emitter(b, without(ptrs, root))
+                    for head, base in zip(heads, bases):
+                        store_element(b, ptrs[root], root.dtype, b.add(base, j),
+                                      em.at(root, head + [j]))
+
+                counted_loop(b, i64(0), i64(inner), step)
+            with part:
+                counted_loop(b, first, i64(rows),
+                             lambda b, r: self._row_of_loop(b, ptrs, k, r, inner))
 
     def _short_block(self, b, ptrs, k: Kernel, o, short: ShortRows) -> None:
         """Block o of a short-row loop kernel (short_rows.py): a loop over indices w of the

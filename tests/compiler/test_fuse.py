@@ -463,3 +463,73 @@ def test_fused_nodes_walk_needs_no_stack():
     g = _chain(3 * sys.getrecursionlimit())
     nodes = fuse._fused_nodes(g.outputs[0], set(g.outputs))
     assert nodes == [n for n in g.nodes if n.op != "const"]
+
+
+def _channel_norm(t: int, c: int) -> str:
+    """A per-channel norm (GroupNorm with a group per channel, as wav2vec2's first layer)
+    over a channels-last (1, t, c) activation: transposed to (1, c, t), then mean,
+    variance and the normalized row."""
+    return f"""
+graph norm(%x: f32[1,{t},{c}]) -> (%y) {{
+  %n = const() {{value=dense<f32[]: [{float(t)}]>}} : f32[]
+  %eps = const() {{value=dense<f32[]: [1e-5]>}} : f32[]
+  %xt = transpose(%x) {{perm=[0,2,1]}} : f32[1,{c},{t}]
+  %s = reduce_sum(%xt) {{axes=[2], keepdims=true}} : f32[1,{c},1]
+  %m = div(%s, %n) : f32[1,{c},1]
+  %d = sub(%xt, %m) : f32[1,{c},{t}]
+  %d2 = mul(%d, %d) : f32[1,{c},{t}]
+  %ss = reduce_sum(%d2) {{axes=[2], keepdims=true}} : f32[1,{c},1]
+  %v = div(%ss, %n) : f32[1,{c},1]
+  %ve = add(%v, %eps) : f32[1,{c},1]
+  %r = sqrt(%ve) : f32[1,{c},1]
+  %y = div(%d, %r) : f32[1,{c},{t}]
+}}
+"""
+
+
+def test_large_strided_transpose_is_copied_before_a_row_kernel():
+    """A row kernel reducing its last axis does not read a large transpose of a
+    channels-last activation down its columns in every pass: the transpose gets a buffer
+    (its own kernel, written in row groups), the norm reads rows in order; a small one
+    stays inlined. Both compute the norm."""
+    from compiler.codegen.kernel_facts import ROW_GROUP, row_group
+
+    g = _graph(_channel_norm(600, 64))
+    assert 600 * 64 >= fuse.STRIDED_ROW_ELEMENTS
+    p = plan(g)
+    xt = next(n.outputs[0] for n in g.nodes if n.op == "transpose")
+    assert "transpose read down" in p.reasons[xt]
+    assert [k.kind for k in p.kernels] == ["loop", "row"]
+    assert row_group(p.kernels[0]) == ROW_GROUP
+    _check_numbers(g)
+    small = _graph(_channel_norm(40, 8))
+    assert [k.kind for k in plan(small).kernels] == ["row"]
+    _check_numbers(small)
+
+
+@pytest.mark.parametrize("shape,perm", [
+    ((1, 1, 3199, 512), (0, 3, 1, 2)),   # wav2vec2's: source rows 2 KiB apart
+    ((700, 40), (1, 0)),                 # 40 rows: two whole groups and a short one
+    ((3, 33, 257), (0, 2, 1)),           # batched, odd sizes
+    ((5, 8, 640), (2, 0, 1)),            # the source's last axis first
+])
+def test_transposes_written_in_row_groups_match_numpy(shape, perm):
+    """Transposes whose rows are neighbours in their source run in row groups (a root of
+    at least ROW_GROUP_MIN_ELEMENTS), on one thread and two; the same numbers as numpy."""
+    from compiler.codegen.kernel_facts import row_group
+
+    out = tuple(shape[i] for i in perm)
+    text = f"""
+graph t(%x: f32[{",".join(map(str, shape))}]) -> (%y) {{
+  %y = transpose(%x) {{perm=[{",".join(map(str, perm))}]}} : f32[{",".join(map(str, out))}]
+}}
+"""
+    g = _graph(text)
+    k, = plan(g).kernels
+    rows = [d for d in range(len(out) - 1) if out[d] > 1]
+    assert (row_group(k) > 0) == (perm[rows[-1]] == len(shape) - 1)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    program = compile_graph(g)
+    for threads in (1, 2):
+        y, = CpuStep(program, threads=threads).run([x])
+        np.testing.assert_array_equal(y, np.transpose(x, perm))
