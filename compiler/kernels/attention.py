@@ -69,13 +69,20 @@ MAX_DV = 128
 # tiles (6 rows) run whole.
 PV_MAX_ROWS = 8
 # Keys at most for the two-pass softmax (`AttentionShape.whole_rows`): a block's scores
-# against every key go to a stack scratch (12 rows of 256 floats: 12 KiB, in L1 beside
-# the query block), then each row's max, exp and sum run once and P V over all keys is
-# one product, stored times 1/l. The online softmax's per-tile work (a max and alpha's
-# exp per row, the output rows' rescaling loads and stores, the final divide) goes away:
-# Swin's 49 keys (two tiles of 32) ran 1.3-1.5x faster. Past it the online softmax keeps
-# the working set bounded.
-WHOLE_ROW_MAX_KEYS = 256
+# against every key go to a scratch (12 rows of 256 floats: 12 KiB, in L1 beside the
+# query block), then each row's max, exp and sum run once and P V over all keys is one
+# product, stored times 1/l. The online softmax's per-tile work (a max and alpha's exp
+# per row, the output rows' rescaling loads and stores, the final divide) goes away:
+# Swin's 49 keys (two tiles of 32) ran 1.3-1.5x faster. Longer rows still gain while
+# the block's score rows stay in L2 (2 threads, medians, online -> two passes): 12 heads
+# of 384 keys (D 64) 1.94 -> 1.73 ms, 8 x 1024 9.2 -> 8.2, Whisper's 6 x 1500 13.9 ->
+# 12.3, 4 x 3000 37.9 -> 34.6, 2 x 4096 35.6 -> 34.6, 4 x 2048 (D 128) 31.6 -> 29.2; but
+# 2 x 4096 (D 128) 66 -> 72. Past it the online softmax keeps the working set bounded.
+WHOLE_ROW_MAX_KEYS = 3072
+# Score rows over this many bytes go in the thread's heap scratch (after the K and V
+# packs) instead of the stack: 12 rows of 3072 keys are 144 KiB, more than an
+# application's thread may have to spare.
+STACK_SCORE_BYTES = 1 << 14
 
 
 def _i64(n: int) -> ir.Constant:
@@ -137,8 +144,19 @@ class AttentionShape:
         return self.tiles * self.tile.nr * self.d
 
     @property
+    def heap_scores(self) -> bool:
+        """Whether a block's score rows live in the heap scratch (STACK_SCORE_BYTES)."""
+        return self.tile.mr * self.score_floats * 4 > STACK_SCORE_BYTES
+
+    @property
+    def v_floats(self) -> int:
+        return self.tiles * self.tile.nr * self.width
+
+    @property
     def pack_floats(self) -> int:
-        return self.k_floats + self.tiles * self.tile.nr * self.width
+        """The heap scratch: K's pack, V's, and the score rows where heap_scores."""
+        scores = self.tile.mr * self.score_floats if self.heap_scores else 0
+        return self.k_floats + self.v_floats + scores
 
     @property
     def macs(self) -> int:
@@ -257,8 +275,11 @@ class _Block:
         with b.goto_entry_block():
             self.q, self.scores, self.o, self.m, self.l, self.alpha = (
                 b.alloca(F32, size=_i64(n)) for n in (
-                    t.mr * shape.d, t.mr * shape.score_floats, t.mr * self.width, t.mr,
-                    t.mr * t.vec, t.mr))
+                    t.mr * shape.d, 1 if shape.heap_scores else t.mr * shape.score_floats,
+                    t.mr * self.width, t.mr, t.mr * t.vec, t.mr))
+        if shape.heap_scores:  # after V's pack in the heap scratch
+            self.scores = b.gep(kpack, [_i64(shape.k_floats + shape.v_floats)],
+                                source_etype=F32, inbounds=True)
 
     def _at(self, base, off):
         return self.b.gep(base, [off], source_etype=F32, inbounds=True)

@@ -172,6 +172,21 @@ def test_kernel_matches_torch_sdpa(d, t, causal, mask):
     _check_against_sdpa(d, t, causal, mask)
 
 
+@pytest.mark.parametrize("mask", [None, "f32"])
+def test_long_rows_take_two_passes_with_heap_score_rows(mask):
+    """Past STACK_SCORE_BYTES of score rows (here 520 keys) and up to WHOLE_ROW_MAX_KEYS,
+    the two-pass softmax keeps its score rows in the thread's heap scratch; the same
+    numbers as torch's SDPA."""
+    from compiler.kernels import attention
+    from compiler.kernels.gemm import Tile
+    from compiler.target import host
+
+    t = 520
+    shape = attention.AttentionShape((1, 2), t, t, 64, 64, 0.125, False, False, Tile.of(host()))
+    assert shape.whole_rows and shape.heap_scores
+    _check_against_sdpa(64, t, False, mask)
+
+
 @pytest.mark.parametrize("d,t,causal,mask", [
     (64, 40, False, None), (64, 40, True, "f32"), (80, 50, False, "f32"),
     (80, 50, True, None), (64, 197, False, None), (32, 197, True, "f32"),
