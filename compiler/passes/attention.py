@@ -12,7 +12,9 @@ Pattern, rooted at the second matmul (the importers' softmax is max, sub, exp, s
 
 c_q * Q (and c_k * KT) may also reach the matmul through a reshape that keeps the last two
 dims (aten's N-d matmul merges the batch dims of a scaled q): Q is then reshaped itself.
-The softmax may be taken between two such reshapes, P reaching the matmul through one and
+The second product may also come as O^T = X P^T (P^T a transpose of the last two dims,
+read only there: a diffusion UNet's attention over pixels, V @ A^T): then V = X^T and the
+node's output is transposed back. The softmax may be taken between two such reshapes, P reaching the matmul through one and
 s reached from the scores through the other (aten's einsum: batches merged for the
 products, the model's dims for the softmax): the same rows, so the same attention.
 
@@ -54,6 +56,8 @@ class Match:
     masks: list = field(default_factory=list)  # (kind, values, factor) per mask term
     # per operand (q, kt): the shape it is reshaped to first (None: used as it is)
     shapes: list = field(default_factory=lambda: [None, None])
+    # O^T = X P^T was matched (v is then X, transposed by the rewrite, and so is O)
+    transposed: bool = False
 
     def shape(self, side: int) -> tuple:
         return self.shapes[side] or (self.q, self.kt)[side].shape
@@ -197,9 +201,22 @@ def _only_here(u: Value, ctx: Context) -> bool:
 
 
 def check(node: Node, ctx: Context) -> Match | str:
+    found = _check(node, ctx, False)
+    if isinstance(found, str) and _swaps_last_two(node.inputs[1]) and \
+            _only_here(node.inputs[1], ctx):
+        # X P^T: the attention's output transposed (O^T = X P^T, V = X^T)
+        swapped = _check(node, ctx, True)
+        if not isinstance(swapped, str):
+            return swapped
+    return found
+
+
+def _check(node: Node, ctx: Context, transposed: bool) -> Match | str:
     from compiler.kernels import attention
 
     p, v = node.inputs
+    if transposed:
+        p, v = v.producer.inputs[0], p
     if _regroups_batch(p) and _only_here(p, ctx):
         p = p.producer.inputs[0]
     s = _softmax_input(p, ctx)
@@ -210,14 +227,37 @@ def check(node: Node, ctx: Context) -> Match | str:
     m = _scores(s, ctx)
     if isinstance(m, str):
         return m
-    m.v = v
+    m.v, m.transposed = v, transposed
+    if transposed and (len(v.shape) < 2 or v.shape[-1] != p.shape[-1]):
+        return "X P^T whose X is no V^T"
     qs, kts = m.shape(0), m.shape(1)
     if not m.kt.type.static or len(qs) < 2 or len({qs[:-2], kts[:-2], v.shape[:-2]}) != 1:
         return f"batch dims {qs[:-2]}, {kts[:-2]}, {v.shape[:-2]} differ"
     if m.q.dtype != "f32":
         return f"dtype {m.q.dtype}: fused attention is float32"
-    reason = _mask_refusal(m, s) or attention.refusal_for(m.q, v, m.kt.shape[-1])
+    vs = v.shape[:-2] + (v.shape[-1], v.shape[-2]) if transposed else v.shape
+    if transposed and (len({qs[:-2], vs[:-2]}) != 1 or vs[-2] != kts[-1]):
+        return f"X P^T with X {v.shape}: not the values of {kts[-1]} keys"
+    reason = _mask_refusal(m, s) or attention.refusal_for(
+        m.q, _transposed_type(v) if transposed else v, m.kt.shape[-1])
     return reason if reason is not None else m
+
+
+def _swaps_last_two(u: Value) -> bool:
+    """Whether u is a transpose that swaps its last two dims only."""
+    p = u.producer
+    if p is None or p.op != "transpose" or len(u.shape) < 2:
+        return False
+    r = len(u.shape)
+    return tuple(p.attrs["perm"]) == tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def _transposed_type(v: Value):
+    """A stand-in with v's last two dims swapped, for refusal_for (shape and dtype)."""
+    from compiler.ir import TensorType
+
+    swapped = v.shape[:-2] + (v.shape[-1], v.shape[-2])
+    return Value(v.name, TensorType(v.dtype, swapped))
 
 
 def _mask_refusal(m: Match, s: Value) -> str | None:
@@ -284,13 +324,20 @@ def rewrite(graph: Graph, node: Node, m: Match) -> Value:
     rank = len(q.shape)
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
     k = graph.add_node("transpose", [kt], {"perm": perm}, name="attn_k", index=at).output
-    inputs = [q, k, m.v]
+    v = m.v
+    if m.transposed:
+        v = graph.add_node("transpose", [v], {"perm": perm}, name="attn_v", index=at).output
+    inputs = [q, k, v]
     mask = _mask(graph, node, m)
     if mask is not None:
         inputs.append(mask)
     at = graph.nodes.index(node)
-    return graph.add_node("attention", inputs, {"scale": m.scale, "causal": bool(causal)},
-                          name="attention", index=at).output
+    out = graph.add_node("attention", inputs, {"scale": m.scale, "causal": bool(causal)},
+                         name="attention", index=at).output
+    if m.transposed:
+        out = graph.add_node("transpose", [out], {"perm": perm}, name="attn_out",
+                             index=graph.nodes.index(node)).output
+    return out
 
 
 def _reshaped(graph: Graph, node: Node, v: Value, shape) -> Value:

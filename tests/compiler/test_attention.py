@@ -138,6 +138,45 @@ def test_softmax_between_batch_reshapes_is_recognized():
     assert not fuse_attention(parse_graph(_einsum_form(rows=49)))
 
 
+
+def test_values_times_transposed_weights_is_recognized():
+    """O^T = X P^T (a diffusion UNet's attention over pixels, V @ A^T) is the attention
+    of V = X^T, transposed: one attention node, the same numbers. P^T read elsewhere too
+    keeps it decomposed."""
+    def graph(extra_out: bool) -> str:
+        outs = "%o, %pt" if extra_out else "%o"
+        return f"""
+graph a(%q: f32[2,40,16], %kt: f32[2,16,40], %x: f32[2,24,40]) -> ({outs}) {{
+  %c = const() {{value=dense<f32[]: [0.25]>}} : f32[]
+  %s0 = matmul(%q, %kt) : f32[2,40,40]
+  %s = mul(%s0, %c) : f32[2,40,40]
+  %mx = reduce_max(%s) {{axes=[2], keepdims=true}} : f32[2,40,1]
+  %z = sub(%s, %mx) : f32[2,40,40]
+  %e = exp(%z) : f32[2,40,40]
+  %sum = reduce_sum(%e) {{axes=[2], keepdims=true}} : f32[2,40,1]
+  %p = div(%e, %sum) : f32[2,40,40]
+  %pt = transpose(%p) {{perm=[0,2,1]}} : f32[2,40,40]
+  %o = matmul(%x, %pt) : f32[2,24,40]
+}}
+"""
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(shape).astype(np.float32)
+           for shape in ((2, 40, 16), (2, 16, 40), (2, 24, 40))]
+    g = parse_graph(graph(False))
+    want, = CpuStep(compile_graph(parse_graph(graph(False)))).run(ins)
+    assert fuse_attention(g)
+    g.remove_dead()
+    assert _ops(g).count("attention") == 1 and "exp" not in _ops(g)
+    got, = CpuStep(compile_graph(g)).run(ins)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    q, kt, x = (a.astype(np.float64) for a in ins)
+    sc = q @ kt * 0.25
+    pr = np.exp(sc - sc.max(-1, keepdims=True))
+    pr /= pr.sum(-1, keepdims=True)
+    np.testing.assert_allclose(got, x @ pr.transpose(0, 2, 1), rtol=1e-5, atol=1e-6)
+    assert not fuse_attention(parse_graph(graph(True)))
+
+
 def _attention_graph(b, h, t, d, causal, mask):
     x = _dims((b, h, t, d))
     m_in = f", %m: {mask}[{t},{t}]" if mask else ""
