@@ -62,6 +62,9 @@ from compiler.kernels.gemm import F32, I32, I64, Tile
 
 # The output row is kept in vector registers across a key tile: Dv up to this many floats
 # (8 vectors of AVX-512's 32 registers; narrower targets spill some of the row to L1).
+# Past it attention is fused only up to WHOLE_ROW_MAX_KEYS keys, where the two-pass
+# softmax runs P V panel by panel (any Dv; a causal block's online row spills, correct
+# but slower): a diffusion UNet's 256-channel attention over 16 x 16 pixels.
 MAX_DV = 128
 # P x V runs on groups of at most this many query rows: AVX-512's 12-row tile left 4
 # accumulator spills in that loop (the softmax's constants stay live across it, in the
@@ -179,8 +182,8 @@ def refusal_for(q, v, keys: int) -> str | None:
         return "symbolic dims"
     if 0 in q.shape or 0 in v.shape or keys == 0:
         return "an empty operand (the kernel's loops run at least once)"
-    if v.shape[-1] > MAX_DV:
-        return f"value depth {v.shape[-1]} > MAX_DV={MAX_DV}"
+    if v.shape[-1] > MAX_DV and keys > WHOLE_ROW_MAX_KEYS:
+        return f"value depth {v.shape[-1]} > MAX_DV={MAX_DV} with {keys} keys"
     nr = batched.WIDEST_NR  # the widest tile's packs bound every target's
     floats = -(-keys // nr) * nr * (q.shape[-1] + -(-v.shape[-1] // nr) * nr)
     if floats * 4 > batched.SCRATCH_MAX_BYTES:

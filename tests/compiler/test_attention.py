@@ -211,6 +211,22 @@ def test_kernel_matches_torch_sdpa(d, t, causal, mask):
     _check_against_sdpa(d, t, causal, mask)
 
 
+@pytest.mark.parametrize("d,t,causal,mask", [
+    (256, 40, False, None), (256, 70, False, "bool"),  # two passes: any value depth
+    (192, 70, True, None), (256, 40, True, "bool"),    # online, the output row spilled
+    (64, 40, True, "bool")])
+def test_value_depth_past_max_dv_matches_torch_sdpa(d, t, causal, mask):
+    """Value depths past MAX_DV (a diffusion UNet's 256 channels) are fused up to
+    WHOLE_ROW_MAX_KEYS keys; past that they stay decomposed."""
+    from compiler.kernels import attention
+
+    _check_against_sdpa(d, t, causal, mask)
+    q = _attention_graph(1, 1, t, d, False, None).inputs[0]
+    assert attention.refusal_for(q, q, attention.WHOLE_ROW_MAX_KEYS) is None
+    past = attention.refusal_for(q, q, attention.WHOLE_ROW_MAX_KEYS + 1)
+    assert (past is not None and "MAX_DV" in past) == (d > attention.MAX_DV)
+
+
 @pytest.mark.parametrize("mask", [None, "f32"])
 def test_long_rows_take_two_passes_with_heap_score_rows(mask):
     """Past STACK_SCORE_BYTES of score rows (here 520 keys) and up to WHOLE_ROW_MAX_KEYS,
@@ -271,7 +287,9 @@ def _check_against_sdpa(d, t, causal, mask):
         tm = torch.from_numpy(keep)
     y, = CpuStep(compile_graph(_attention_graph(b, h, t, d, causal, mask))).run(ins)
     if causal and tm is not None:  # torch takes a mask or is_causal, not both
-        tm = tm.double().masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -np.inf)
+        additive = torch.where(tm, 0.0, -np.inf) if tm.dtype == torch.bool else tm
+        tm = additive.double().masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(),
+                                           -np.inf)
     elif tm is not None and tm.dtype != torch.bool:
         tm = tm.double()
     want = torch.nn.functional.scaled_dot_product_attention(
