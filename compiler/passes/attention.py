@@ -12,11 +12,12 @@ Pattern, rooted at the second matmul (the importers' softmax is max, sub, exp, s
 
 c_q * Q (and c_k * KT) may also reach the matmul through a reshape that keeps the last two
 dims (aten's N-d matmul merges the batch dims of a scaled q): Q is then reshaped itself.
-The second product may also come as O^T = X P^T (P^T a transpose of the last two dims,
-read only there: a diffusion UNet's attention over pixels, V @ A^T): then V = X^T and the
-node's output is transposed back. The softmax may be taken between two such reshapes, P reaching the matmul through one and
+The softmax may be taken between two such reshapes, P reaching the matmul through one and
 s reached from the scores through the other (aten's einsum: batches merged for the
 products, the model's dims for the softmax): the same rows, so the same attention.
+The second product may also come as O^T = X P^T (P^T a transpose of the last two dims,
+read only there: a diffusion UNet's attention over pixels, V @ A^T): then V = X^T and the
+node's output is transposed back.
 
 Maths. Walking down from s, let g be the product of the scalar factors met so far (g = 1
 at s). A factor c below multiplies g by c (1/c for div). An `add M` at factor g
