@@ -193,8 +193,8 @@ class Renderer(RowKernels):
             counted_loop(b, lo, hi, lambda b, o: self._column_kernel(b, ptrs, k, o))
         elif k.kind == "row":
             counted_loop(b, lo, hi, lambda b, o: self._row_kernel(b, ptrs, k, o))
-        elif (group := _row_group(k)):
-            counted_loop(b, lo, hi, lambda b, o: self._row_group(b, ptrs, k, o, group))
+        elif (groups := _row_group(k)) is not None:
+            counted_loop(b, lo, hi, lambda b, o: self._row_group(b, ptrs, k, o, groups))
         elif is_flat(k):
             work = root.type.size
             counted_loop(b, lo, hi, lambda b, o: self._flat_block(b, ptrs, k, o, work))
@@ -256,21 +256,28 @@ class Renderer(RowKernels):
                          lambda b, j, pin={node: (i, lo)}: element(b, j, pin),
                          hints=self._loop_hints(k, hi - lo))
 
-    def _row_group(self, b, ptrs, k: Kernel, o, group: int) -> None:
-        """Rows [o group, (o + 1) group) of a loop kernel's root (kernel_facts.row_group):
-        the inner loop over the row's elements outside, the group's rows unrolled inside,
-        so each step reads `group` neighbours of one source row. A last group short of
-        rows runs row by row."""
+    def _row_group(self, b, ptrs, k: Kernel, o, groups) -> None:
+        """Item o of a loop kernel whose rows go in groups (kernel_facts.row_group): the
+        rows of `group` consecutive indices of one row dim, the inner loop over the row's
+        elements outside and the group's rows unrolled inside, so each step reads
+        `group` neighbours of one source row. A last group short of indices runs row by
+        row."""
         root = k.root
-        inner = root.shape[-1]
-        rows = root.type.size // inner
-        first = b.mul(o, i64(group))
-        full = b.icmp_signed("<=", b.add(first, i64(group)), i64(rows))
+        inner, group = root.shape[-1], groups.group
+        blocks = -(-groups.count // group)
+        outer, block, within = delinearize(b, o, (groups.outer, blocks, groups.inner))
+        first = b.mul(block, i64(group))
+
+        def row(b, index):  # the row of index `index` of the grouped dim
+            at = b.add(b.mul(outer, i64(groups.count)), index)
+            return b.add(b.mul(at, i64(groups.inner)), within)
+
+        full = b.icmp_signed("<=", b.add(first, i64(group)), i64(groups.count))
         with b.if_else(full) as (whole, part):
             with whole:
-                heads = [delinearize(b, b.add(first, i64(r)), root.shape[:-1])
-                         for r in range(group)]
-                bases = [b.mul(b.add(first, i64(r)), i64(inner)) for r in range(group)]
+                rows = [row(b, b.add(first, i64(r))) for r in range(group)]
+                heads = [delinearize(b, r, root.shape[:-1]) for r in rows]
+                bases = [b.mul(r, i64(inner)) for r in rows]
 
                 def step(b, j):
                     em = self._emitter(b, without(ptrs, root))
@@ -280,8 +287,8 @@ class Renderer(RowKernels):
 
                 counted_loop(b, i64(0), i64(inner), step)
             with part:
-                counted_loop(b, first, i64(rows),
-                             lambda b, r: self._row_of_loop(b, ptrs, k, r, inner))
+                counted_loop(b, first, i64(groups.count), lambda b, index: self._row_of_loop(
+                    b, ptrs, k, row(b, index), inner))
 
     def _short_block(self, b, ptrs, k: Kernel, o, short: ShortRows) -> None:
         """Block o of a short-row loop kernel (short_rows.py): a loop over indices w of the

@@ -6,6 +6,8 @@ SplitRender sizes its parts with `code_size`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from compiler.codegen import short_rows as _short
@@ -80,9 +82,8 @@ def extent(k: Kernel) -> tuple[int, str | None]:
         outer = int(np.prod(k.row_shapes()[1], dtype=np.int64))
         outer //= k.domain[-1] if by_columns(k) else 1
         work = int(np.prod(k.domain, dtype=np.int64))
-    elif (group := row_group(k)):
-        work = root.type.size
-        outer = -(-(work // root.shape[-1]) // group)
+    elif (groups := row_group(k)) is not None:
+        outer, work = groups.items, root.type.size
     elif is_flat(k):
         work = root.type.size
         outer = -(-work // LOOP_BLOCK)
@@ -143,31 +144,55 @@ def short_rows(k: Kernel) -> _short.ShortRows | None:
     return _short.plan(k, k.root.type.size >= PARALLEL_MIN_ELEMENTS, _slow_ops(k) > 0)
 
 
-# A loop kernel whose root is a transpose reading its source's contiguous axis across
-# the root's rows (row r + 1 is the next element of a source row) writes ROW_GROUP rows
-# at a time, one source line per step of the inner loop (`row_group`): row by row, each
-# element read is a new line, and a source row a power-of-two stride apart maps them to
-# a few L1 sets, evicted before the next row's elements in them are read (wav2vec2's
-# 3199 x 512 channels-last conv output transposed for its GroupNorm: 5.8 ms). Only
-# for roots of at least ROW_GROUP_MIN_ELEMENTS (smaller ones stay in L1 either way).
+# A loop kernel whose root is a transpose moving its source's contiguous (last) axis to
+# one of the root's row dims writes ROW_GROUP rows at a time, the rows of ROW_GROUP
+# consecutive indices of that dim, one source line per step of the inner loop
+# (`row_group`): row by row, each element read is a new line, and a source row a
+# power-of-two stride apart maps them to a few L1 sets, evicted before the next row's
+# elements in them are read (wav2vec2's 3199 x 512 channels-last conv output
+# transposed for its GroupNorm: 5.8 ms; NHWC -> NCHW before a GroupNorm alike). Only for
+# roots of at least ROW_GROUP_MIN_ELEMENTS (smaller ones stay in L1 either way).
 ROW_GROUP = 16
 ROW_GROUP_MIN_ELEMENTS = 1 << 14
 
 
-def row_group(k: Kernel) -> int:
-    """Rows per item of loop kernel k when it writes its rows in groups (ROW_GROUP),
-    else 0: its root is a transpose whose source's last axis is the innermost dim of
-    more than one element among the root's row dims, and whose last dim is another."""
+@dataclass(frozen=True)
+class RowGroups:
+    """How a loop kernel's rows go in groups: `group` consecutive indices of row dim
+    `dim` (extent `count`) per item, with `outer` the product of the row dims before it
+    and `inner` of those after it (the rows of consecutive indices are `inner` apart)."""
+
+    group: int
+    dim: int
+    outer: int
+    count: int
+    inner: int
+
+    @property
+    def items(self) -> int:
+        return self.outer * -(-self.count // self.group) * self.inner
+
+
+def row_group(k: Kernel) -> RowGroups | None:
+    """How loop kernel k writes its rows in groups (ROW_GROUP), or None: k only moves
+    data (arithmetic stays in row loops, which vectorize it), and its root is a
+    transpose that does not keep its source's last axis last, and puts it on a row dim
+    of at least ROW_GROUP indices."""
     root = k.root
     p = root.producer
     if (k.kind != "loop" or p is None or p.op != "transpose" or len(root.shape) < 2
-            or root.type.size < ROW_GROUP_MIN_ELEMENTS):
-        return 0
-    perm, last = p.attrs["perm"], len(root.shape) - 1
-    rows = [d for d in range(last) if root.shape[d] > 1]
-    if perm[last] == last or not rows or perm[rows[-1]] != last:
-        return 0
-    return ROW_GROUP if root.type.size // root.shape[-1] >= ROW_GROUP else 0
+            or root.type.size < ROW_GROUP_MIN_ELEMENTS
+            or any(n.opdef.family is not Family.MOVEMENT for n in k.nodes)):
+        return None
+    perm, last = tuple(p.attrs["perm"]), len(root.shape) - 1
+    if perm[last] == last:
+        return None
+    dim = perm.index(last)
+    if root.shape[dim] < ROW_GROUP:
+        return None
+    rows = root.shape[:-1]
+    return RowGroups(ROW_GROUP, dim, int(np.prod(rows[:dim], dtype=np.int64)), rows[dim],
+                     int(np.prod(rows[dim + 1:], dtype=np.int64)))
 
 
 # A by-columns row kernel keeps one scratch row per reduction of at most this many bytes.

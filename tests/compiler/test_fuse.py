@@ -500,22 +500,28 @@ def test_large_strided_transpose_is_copied_before_a_row_kernel():
     xt = next(n.outputs[0] for n in g.nodes if n.op == "transpose")
     assert "transpose read down" in p.reasons[xt]
     assert [k.kind for k in p.kernels] == ["loop", "row"]
-    assert row_group(p.kernels[0]) == ROW_GROUP
+    groups = row_group(p.kernels[0])
+    assert groups is not None and groups.group == ROW_GROUP and groups.dim == 1
     _check_numbers(g)
     small = _graph(_channel_norm(40, 8))
     assert [k.kind for k in plan(small).kernels] == ["row"]
     _check_numbers(small)
 
 
-@pytest.mark.parametrize("shape,perm", [
-    ((1, 1, 3199, 512), (0, 3, 1, 2)),   # wav2vec2's: source rows 2 KiB apart
-    ((700, 40), (1, 0)),                 # 40 rows: two whole groups and a short one
-    ((3, 33, 257), (0, 2, 1)),           # batched, odd sizes
-    ((5, 8, 640), (2, 0, 1)),            # the source's last axis first
+@pytest.mark.parametrize("shape,perm,dim", [
+    ((1, 1, 3199, 512), (0, 3, 1, 2), 1),  # wav2vec2's: source rows 2 KiB apart
+    ((700, 40), (1, 0), 0),                 # 40 rows: two whole groups and a short one
+    ((3, 33, 257), (0, 2, 1), 1),           # batched, odd sizes
+    ((2, 16, 12, 64), (0, 3, 1, 2), 1),     # NHWC -> NCHW: grouped rows 16 x 12 apart
+    ((5, 40, 12, 24), (0, 3, 1, 2), 1),     # ... with 24 channels: a group and 8 more
+    ((5, 8, 640), (2, 0, 1), 0),            # the source's last axis first
+    ((640, 8, 5), (2, 0, 1), None),         # ... on a dim of 5: row by row
+    ((64, 600), (1, 0), 0),
 ])
-def test_transposes_written_in_row_groups_match_numpy(shape, perm):
-    """Transposes whose rows are neighbours in their source run in row groups (a root of
-    at least ROW_GROUP_MIN_ELEMENTS), on one thread and two; the same numbers as numpy."""
+def test_transposes_written_in_row_groups_match_numpy(shape, perm, dim):
+    """Transposes that move their source's last axis to a row dim of at least ROW_GROUP
+    indices run in row groups (a root of at least ROW_GROUP_MIN_ELEMENTS), on one
+    thread and two; the same numbers as numpy."""
     from compiler.codegen.kernel_facts import row_group
 
     out = tuple(shape[i] for i in perm)
@@ -526,8 +532,8 @@ graph t(%x: f32[{",".join(map(str, shape))}]) -> (%y) {{
 """
     g = _graph(text)
     k, = plan(g).kernels
-    rows = [d for d in range(len(out) - 1) if out[d] > 1]
-    assert (row_group(k) > 0) == (perm[rows[-1]] == len(shape) - 1)
+    groups = row_group(k)
+    assert (groups.dim if groups is not None else None) == dim
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     program = compile_graph(g)
     for threads in (1, 2):
