@@ -315,7 +315,27 @@ def rewrite_erf_of_quotient(graph: Graph, node: Node, match) -> None:
     graph.set_input(div, 1, new_const(graph, div, inv, "inverse"))
 
 
+def check_unit_batch_weight(node: Node, ctx: Context):
+    """A matmul whose constant right operand has batch dims of 1 only, no more of them
+    than its left operand has: the same product with that operand 2-d (the packed GEMM's
+    form). aten's einsum writes XLNet's projections this way: (1, 1024, 1024) weights,
+    which ran as run-time-packed batched products."""
+    a, w = node.inputs
+    c = const_value(w)
+    if c is None or c.ndim <= 2 or any(d != 1 for d in c.shape[:-2]):
+        return "right operand is no constant with unit batch dims"
+    if c.ndim > len(a.shape):
+        return "the weight's unit dims add dims to the product"
+    return c.reshape(c.shape[-2:])
+
+
+def rewrite_unit_batch_weight(graph: Graph, node: Node, w2) -> None:
+    graph.set_input(node, 1, new_const(graph, node, w2, "weight_2d"))
+
+
 RULES = [
+    Rule("unit_batch_weight", frozenset({"matmul"}), check_unit_batch_weight,
+         rewrite_unit_batch_weight),
     Rule("erf_of_quotient", frozenset({"erf"}), check_erf_of_quotient,
          rewrite_erf_of_quotient),
     Rule("pow_by_small_integer", frozenset({"pow"}), check_pow_by_small_integer,

@@ -338,3 +338,36 @@ graph g(%x: f32[256], %w: f32[256]) -> (%y, %z, %q) {
     assert sorted(n.op for n in g.nodes if n.op != "const") == ["div", "erf", "erf", "mul"]
     for got, ref in zip(evaluate(g, xs), want):
         np.testing.assert_allclose(got, ref, rtol=3e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("a_shape,w_shape,rewritten", [
+    ((1, 5, 8), (1, 8, 6), True),       # aten's einsum projection: a unit batch dim
+    ((2, 3, 5, 8), (1, 1, 8, 6), True),
+    ((5, 8), (1, 8, 6), False),         # the weight's unit dim adds a dim to the product
+    ((2, 5, 8), (2, 8, 6), False),      # a real batch of weights
+])
+def test_unit_batch_weight_becomes_2d(a_shape, w_shape, rewritten):
+    """A matmul's constant right operand with unit batch dims becomes its 2-d matrix
+    (the packed GEMM's form), where that leaves the product's shape as it was; the same
+    numbers either way."""
+    from compiler.kernels import choice
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    out = np.broadcast_shapes(a_shape[:-2], w_shape[:-2]) + (a_shape[-2], w_shape[-1])
+    dims = lambda s: ",".join(map(str, s))  # noqa: E731
+    g = parse_graph(f"""
+graph mm(%a: f32[{dims(a_shape)}]) -> (%y) {{
+  %w = const() {{value=@w}} : f32[{dims(w_shape)}]
+  %y = matmul(%a, %w) : f32[{dims(out)}]
+}}
+""", {"w": w})
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    want = evaluate(g, [a])[0]
+    assert simplify_identities(g) == rewritten
+    remove_dead(g)
+    verify(g)
+    mm = next(n for n in g.nodes if n.op == "matmul")
+    assert (mm.inputs[1].shape == w_shape[-2:]) == rewritten
+    assert (choice.choose(mm).name == choice.GEMM) == rewritten
+    np.testing.assert_allclose(evaluate(g, [a])[0], want, rtol=1e-6, atol=1e-6)
