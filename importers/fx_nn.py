@@ -334,7 +334,7 @@ def _sdpa(cx: Ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, s
         raise Fallback("its logsumexp output is used (the backward of attention)")
     if dropout_p:
         raise Fallback(f"dropout_p={dropout_p}: random")
-    reason = attention.refusal_for(q, v, k.shape[-2])
+    reason = attention.refusal_for(q, v.shape, k.shape[-2])
     if reason is not None:
         raise Fallback(f"braze's attention kernel refuses it: {reason}")
     inputs = [q, k, v]

@@ -69,7 +69,7 @@ def _attend(cx: Ctx, q, k, v, scale: float):
     the kernel refuses the shapes."""
     from compiler.kernels import attention
 
-    if attention.refusal_for(q, v, k.shape[-2]) is None:
+    if attention.refusal_for(q, v.shape, k.shape[-2]) is None:
         return cx.op("attention", q, k, v, scale=scale, causal=False)
     s = cx.op("mul", cx.op("matmul", q, cx.op("transpose", k, perm=(0, 1, 3, 2))),
               cx.scalar(scale, q.dtype))

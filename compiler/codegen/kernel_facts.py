@@ -17,7 +17,7 @@ from compiler.codegen.mathlib import FAST_F32
 from compiler.ir import Value
 from compiler.ops import Family
 from compiler.kernels import choice, inverted
-from compiler.passes.fuse import Kernel
+from compiler.passes.fuse import Kernel, moves_last_axis
 
 PACKED = "packed"  # slot-table tag of a weight packed for the GEMM (compiled.py fills it)
 # Kernels that touch fewer elements than this run on one thread: a warm OpenMP
@@ -180,14 +180,11 @@ def row_group(k: Kernel) -> RowGroups | None:
     of at least ROW_GROUP indices."""
     root = k.root
     p = root.producer
-    if (k.kind != "loop" or p is None or p.op != "transpose" or len(root.shape) < 2
+    if (k.kind != "loop" or not moves_last_axis(p) or len(root.shape) < 2
             or root.type.size < ROW_GROUP_MIN_ELEMENTS
             or any(n.opdef.family is not Family.MOVEMENT for n in k.nodes)):
         return None
-    perm, last = tuple(p.attrs["perm"]), len(root.shape) - 1
-    if perm[last] == last:
-        return None
-    dim = perm.index(last)
+    dim = tuple(p.attrs["perm"]).index(len(root.shape) - 1)
     if root.shape[dim] < ROW_GROUP:
         return None
     rows = root.shape[:-1]

@@ -173,19 +173,19 @@ class AttentionShape:
                    tile)
 
 
-def refusal_for(q, v, keys: int) -> str | None:
-    """None if this kernel runs attention on values shaped like q and v with `keys` keys,
-    else why not."""
+def refusal_for(q, v_shape: tuple, keys: int) -> str | None:
+    """None if this kernel runs attention on queries shaped like q and values of shape
+    `v_shape` with `keys` keys, else why not."""
     if q.dtype != "f32":
         return f"dtype {q.dtype}: the fused attention kernel is float32 only"
-    if not (q.type.static and v.type.static):
+    if not q.type.static or None in v_shape:
         return "symbolic dims"
-    if 0 in q.shape or 0 in v.shape or keys == 0:
+    if 0 in q.shape or 0 in v_shape or keys == 0:
         return "an empty operand (the kernel's loops run at least once)"
-    if v.shape[-1] > MAX_DV and keys > WHOLE_ROW_MAX_KEYS:
-        return f"value depth {v.shape[-1]} > MAX_DV={MAX_DV} with {keys} keys"
+    if v_shape[-1] > MAX_DV and keys > WHOLE_ROW_MAX_KEYS:
+        return f"value depth {v_shape[-1]} > MAX_DV={MAX_DV} with {keys} keys"
     nr = batched.WIDEST_NR  # the widest tile's packs bound every target's
-    floats = -(-keys // nr) * nr * (q.shape[-1] + -(-v.shape[-1] // nr) * nr)
+    floats = -(-keys // nr) * nr * (q.shape[-1] + -(-v_shape[-1] // nr) * nr)
     if floats * 4 > batched.SCRATCH_MAX_BYTES:
         return f"K and V packs of {floats * 4} bytes exceed SCRATCH_MAX_BYTES"
     return None
@@ -193,7 +193,7 @@ def refusal_for(q, v, keys: int) -> str | None:
 
 def refusal(node) -> str | None:
     q, k, v = node.inputs[:3]
-    return "symbolic dims" if not k.type.static else refusal_for(q, v, k.shape[-2])
+    return "symbolic dims" if not k.type.static else refusal_for(q, v.shape, k.shape[-2])
 
 
 def emit_item(b: ir.IRBuilder, shape: AttentionShape, item, pack, last, reads, out_ptr) -> None:

@@ -239,8 +239,7 @@ def _check(node: Node, ctx: Context, transposed: bool) -> Match | str:
     vs = v.shape[:-2] + (v.shape[-1], v.shape[-2]) if transposed else v.shape
     if transposed and (len({qs[:-2], vs[:-2]}) != 1 or vs[-2] != kts[-1]):
         return f"X P^T with X {v.shape}: not the values of {kts[-1]} keys"
-    reason = _mask_refusal(m, s) or attention.refusal_for(
-        m.q, _transposed_type(v) if transposed else v, m.kt.shape[-1])
+    reason = _mask_refusal(m, s) or attention.refusal_for(m.q, vs, m.kt.shape[-1])
     return reason if reason is not None else m
 
 
@@ -251,14 +250,6 @@ def _swaps_last_two(u: Value) -> bool:
         return False
     r = len(u.shape)
     return tuple(p.attrs["perm"]) == tuple(range(r - 2)) + (r - 1, r - 2)
-
-
-def _transposed_type(v: Value):
-    """A stand-in with v's last two dims swapped, for refusal_for (shape and dtype)."""
-    from compiler.ir import TensorType
-
-    swapped = v.shape[:-2] + (v.shape[-1], v.shape[-2])
-    return Value(v.name, TensorType(v.dtype, swapped))
 
 
 def _mask_refusal(m: Match, s: Value) -> str | None:

@@ -590,15 +590,22 @@ def _materialize_row_refusals(kernels: list[Kernel], reasons: dict) -> bool:
 STRIDED_ROW_ELEMENTS = 1 << 14
 
 
+def moves_last_axis(n: Node | None) -> bool:
+    """Whether `n` is a transpose that does not keep its source's last (contiguous) axis
+    last: its output's rows are read down its source's columns."""
+    return n is not None and n.op == "transpose" and \
+        n.attrs["perm"][-1] != len(n.outputs[0].shape) - 1
+
+
 def _strided_transpose(k: Kernel) -> Value | None:
-    """The first large transpose in row kernel k that does not keep its source's last
-    axis last, when k reduces its domain's last axis (see STRIDED_ROW_ELEMENTS)."""
+    """The first large transpose in row kernel k that moves its source's last axis,
+    when k reduces its domain's last axis (see STRIDED_ROW_ELEMENTS)."""
     if len(k.domain) - 1 not in k.axes:
         return None
     for n in k.nodes:
         out = n.outputs[0]
-        if (n.op == "transpose" and n.attrs["perm"][-1] != len(out.shape) - 1
-                and out.type.size >= STRIDED_ROW_ELEMENTS and n is not k.root.producer):
+        if (moves_last_axis(n) and out.type.size >= STRIDED_ROW_ELEMENTS
+                and n is not k.root.producer):
             return out
     return None
 

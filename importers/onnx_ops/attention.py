@@ -117,7 +117,7 @@ def convert_attention(cx: NodeContext):
     else:
         from compiler.kernels import attention
 
-        reason = attention.refusal_for(q, v, k.shape[-2])
+        reason = attention.refusal_for(q, v.shape, k.shape[-2])
         if reason is not None:  # onnxruntime's own Attention then runs it
             raise Fallback(f"braze's attention kernel refuses it: {reason}")
         inputs = [q, k, v] + ([] if mask is None else [mask])

@@ -222,8 +222,8 @@ def test_value_depth_past_max_dv_matches_torch_sdpa(d, t, causal, mask):
 
     _check_against_sdpa(d, t, causal, mask)
     q = _attention_graph(1, 1, t, d, False, None).inputs[0]
-    assert attention.refusal_for(q, q, attention.WHOLE_ROW_MAX_KEYS) is None
-    past = attention.refusal_for(q, q, attention.WHOLE_ROW_MAX_KEYS + 1)
+    assert attention.refusal_for(q, q.shape, attention.WHOLE_ROW_MAX_KEYS) is None
+    past = attention.refusal_for(q, q.shape, attention.WHOLE_ROW_MAX_KEYS + 1)
     assert (past is not None and "MAX_DV" in past) == (d > attention.MAX_DV)
 
 
