@@ -159,7 +159,7 @@ def packers(kernel) -> dict:
         r = kernel.contraction.inputs[1]
         return {1: functools.partial(recurrent.pack_r, tile=tile)} if r.is_const else {}
     if impl.name == choice.GROUPED:
-        width = grouped.plan(kernel.contraction, tile.vec).width
+        width = grouped.plan(kernel.contraction, tile).width
         return {1: lambda w: grouped.pack_weight(w, width),
                 2: lambda b: grouped.pack_bias(b, width)}
     if impl.name == choice.WINOGRAD:

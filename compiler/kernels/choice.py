@@ -117,7 +117,7 @@ def shape(node: Node, impl: Impl):
     if impl.name == GEMM:
         return gemm.GemmShape.of(node, impl.tile)
     if impl.name == GROUPED:
-        return grouped.plan(node, impl.tile.vec)
+        return grouped.plan(node, impl.tile)
     if impl.name == BATCHED:
         return batched.BatchedShape.of(node, impl.tile)
     if impl.name == ATTENTION:

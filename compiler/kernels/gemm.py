@@ -67,6 +67,7 @@ class Tile:
     # the last panel's tile reads the first columns of a panel packed full width); 0: NR
     stride: int = 0
     l1d_bytes: int = 32 << 10
+    vector_registers: int = 16  # the target's architectural vector registers
 
     @property
     def nr(self) -> int:
@@ -107,7 +108,7 @@ class Tile:
         spare = 0 if target.fma else 1
         mr = min(MAX_MR, (target.vector_registers - nv - 1 - spare) // nv)
         tile = cls(target.vec, nv, mr, target.fma, target.l2_bytes,
-                   l1d_bytes=target.l1d_bytes)
+                   l1d_bytes=target.l1d_bytes, vector_registers=target.vector_registers)
         assert mr >= 1 and tile.registers <= target.vector_registers, tile
         return tile
 

@@ -24,8 +24,13 @@ broadcast at half the width is preferred to it (BROADCAST_MIN_FRACTION).
 
 Register blocking: TILE output pixels along a row times one vector: TILE accumulators,
 each weight vector loaded once per tile and tap; at stride 1 a tile's input columns
-overlap from tap to tap and LLVM keeps each one loaded once. Work items are (image,
-output row, CHUNK vectors of channels). Padding costs no test in the inner loops: the
+overlap from tap to tap and LLVM keeps each one loaded once. A broadcast-mode group
+several vectors wide (ResNeXt's and RegNet's wider groups, SqueezeBERT's 192-channel
+ones) has a register tile of `block` vectors of one group times fewer pixels instead
+(`register_block`), the GEMM micro-kernel's shape: each splatted input feeds `block`
+FMAs and each weight vector `pixels` of them, where one vector a tile paid a load or a
+splat per FMA and ran at 55-75% of the GEMM's rate. Work items are (image, output row,
+`chunk` vectors of channels: CHUNK, rounded to whole blocks). Padding costs no test in the inner loops: the
 window rows inside the image are a range computed once per output row, and the output
 columns are cut at compile time into tiles as even as TILE allows (`column_tiles`): a
 tile holding border columns reads only their taps inside the image, a run of interior
@@ -63,6 +68,13 @@ MAX_SPAN_VECTORS = 4
 BROADCAST_MIN_FRACTION = 2
 # The j < Cg loop is unrolled up to this many channels, a runtime loop past it.
 UNROLL_CG = 8
+# A broadcast tile's vectors of one group (see register_block).
+MAX_BLOCK = 4
+# Work items run row by row (each row reads all of W, and its input rows once), or chunk
+# by chunk (each chunk's weights read once, its input columns once per row) where W
+# is more than this fraction of one core's L2: RegNet-X's 896-channel group-width-128
+# 3x3 conv has 4 MB of weights, which row by row came from memory once per output row.
+CHUNK_MAJOR_L2_FRACTION = 0.5
 
 
 def refusal(node) -> str | None:
@@ -101,6 +113,38 @@ def choose_width(mg: int, cg: int, vec: int, shared: bool = True) -> tuple[int, 
     return 1, "broadcast"
 
 
+def register_block(mode: str, mg: int, width: int, registers: int,
+                   columns: int = 1) -> tuple[int, int]:
+    """(vectors, pixels) of a register tile. In broadcast mode with a group of Mg >= 2
+    vectors: the block of up to MAX_BLOCK vectors dividing the group (a tile lies in one
+    group) and the pixels with the fewest loads per FMA over one window row,
+    (b * kw + p + kw - 1) / (b * p * kw) for `columns` = kw taps shared by neighbouring
+    pixels (else 1: a weight vector per tap and block vector, a splat per input column),
+    among the tiles whose vectors fit the target's `registers`: b * p accumulators, two
+    weight vectors per block vector in flight and the p + kw - 1 splatted columns LLVM
+    keeps loaded across the taps (a 4 x 5 tile of a 3x3 conv, which leaves out the
+    second weight vectors, spilled in its inner loop on AVX-512), and with at least
+    TILE accumulators (independent FMA chains to cover the FMA latency). Else one vector
+    of TILE pixels.
+
+    Measured on AVX-512 (RegNet-X's 3x3 group-width-128 conv, an AlexNet-style 5x5 with
+    2 groups): 2 x 8 ran 10-25% faster than one vector, 4 x 3 (fewest loads per FMA
+    when the taps are left out) 20-30% slower than 2 x 8."""
+    vectors = mg // width if mode == "broadcast" else 1
+    best = (1, TILE)
+    cost = (columns + TILE + columns - 1) / (TILE * columns)
+    for block in range(2, min(MAX_BLOCK, vectors) + 1):
+        if vectors % block:
+            continue
+        pixels = min(TILE, (registers - 2 * block - columns + 1) // (block + 1))
+        if block * pixels < TILE:
+            continue
+        c = (block * columns + pixels + columns - 1) / (block * pixels * columns)
+        if c < cost:
+            best, cost = (block, pixels), c
+    return best
+
+
 @dataclass(frozen=True)
 class GroupedShape:
     n: int
@@ -119,9 +163,12 @@ class GroupedShape:
     width: int
     mode: str
     vec: int  # the target's vector width (the register epilogue's)
+    block: int = 1  # vectors of one group per register tile (register_block)
+    tile: int = TILE  # output pixels per register tile
+    chunk_major: bool = False  # work items ordered chunk by chunk (else row by row)
 
     @classmethod
-    def of(cls, node, vec: int) -> GroupedShape:
+    def of(cls, node, vec: int, registers: int = 16, l2_bytes: int = 1 << 20) -> GroupedShape:
         """The shape of an NHWC (or NWC: a 1-d conv is one row) grouped conv node."""
         x, w = node.inputs[:2]
         y = node.outputs[0]
@@ -138,8 +185,12 @@ class GroupedShape:
         h, wd, oh, ow, kh, kw = sizes
         shared = strides[1] == 1 and sizes[5] > 1
         width, mode = choose_width(w.shape[0] // g, x.shape[-1] // g, vec, shared)
+        block, tile = register_block(mode, w.shape[0] // g, width, registers,
+                                     sizes[5] if shared else 1)
+        weights = w.shape[0] * w.shape[1] * kh * kw * 4
         return cls(x.shape[0], h, wd, x.shape[-1], oh, ow, y.shape[-1], kh, kw, strides,
-                   pads, dil, g, width, mode, vec)
+                   pads, dil, g, width, mode, vec, block, tile,
+                   weights > l2_bytes * CHUNK_MAJOR_L2_FRACTION and oh * x.shape[0] > 1)
 
     @property
     def cg(self) -> int:
@@ -159,8 +210,13 @@ class GroupedShape:
         return -(-self.cout // self.width)
 
     @property
+    def chunk(self) -> int:
+        """Vectors of channels per work item: CHUNK, in whole register blocks."""
+        return self.block * max(1, CHUNK // self.block)
+
+    @property
     def chunks(self) -> int:
-        return -(-self.vectors // CHUNK)
+        return -(-self.vectors // self.chunk)
 
     @property
     def items(self) -> int:
@@ -188,12 +244,12 @@ class GroupedShape:
 def column_tiles(s: GroupedShape) -> list[tuple[int, int, int]]:
     """The output columns of a row as register tiles: [(first column, pixels, repeat)],
     `repeat` tiles of `pixels` columns each from `first`. The row is cut into as few
-    tiles of at most TILE pixels as it takes, as even as possible, so no tile is a lone
+    tiles of at most `s.tile` pixels as it takes, as even as possible, so no tile is a lone
     pixel: a tile's pixels are its independent FMA chains, and a border pixel run on
     its own (as the borders were) waits out the FMA latency on each of its taps (a 7x7
     map's two border columns cost more than its five others). A border tile reads only
     its taps inside the image; consecutive interior tiles of one size run as a loop."""
-    count = -(-s.ow // TILE)
+    count = -(-s.ow // s.tile)
     base, extra = divmod(s.ow, count) if count else (0, 0)
     lo, hi = s.interior()
     out: list[list[int]] = []
@@ -210,9 +266,10 @@ def column_tiles(s: GroupedShape) -> list[tuple[int, int, int]]:
     return [(first, size, repeat) for first, size, repeat, _ in out]
 
 
-def plan(node, vec: int) -> GroupedShape:
-    """The kernel's shape for `node` on a target of `vec` float lanes (gemm.Tile.vec)."""
-    return GroupedShape.of(node, vec)
+def plan(node, tile: gemm.Tile) -> GroupedShape:
+    """The kernel's shape for `node` on the target of micro-kernel tile `tile` (its
+    vector width and register count)."""
+    return GroupedShape.of(node, tile.vec, tile.vector_registers, tile.l2_bytes)
 
 
 def pack_weight(w: np.ndarray, width: int) -> np.ndarray:
@@ -251,7 +308,9 @@ def _vec(width: int) -> ir.VectorType:
 
 
 def _fma(b: ir.IRBuilder, width: int):
-    name = f"llvm.fma.v{width}f32"
+    """llvm.fmuladd: one FMA where the target has one, a multiply and an add where it has
+    none (SSE4.2; llvm.fma there is a libm call per lane)."""
+    name = f"llvm.fmuladd.v{width}f32"
     try:
         return b.module.get_global(name)
     except KeyError:
@@ -296,27 +355,32 @@ class _Row:
     y0: ir.Value  # the window's top input row (may be negative: padding)
     kh_lo: ir.Value  # window rows [kh_lo, kh_hi) lie inside the image
     kh_hi: ir.Value
-    v: ir.Value = None  # the channel vector
+    v: ir.Value = None  # the (first) channel vector of the register tile
     valid: int = 0  # its lanes below Cout (the width but in the last vector)
 
 
 def emit_item(b: ir.IRBuilder, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, item,
               apply=None, after=None, rows=None) -> None:
-    """Compute work item `item`: one output row's pixels for CHUNK vectors of channels.
+    """Compute work item `item`: one output row's pixels for `s.chunk` vectors of channels.
     `apply(b, vec, off, col, mask) -> vec` (the epilogue on an `s.vec`-lane vector of
     output element offset `off`, channel `col`; `mask`: its lanes below Cout, or None) and `after(b, pixel, col0, cols)` (the epilogue
     in place over a pixel's stored channels), either may be None. `rows(b, n, iy) ->
     pointer` (default: X's own rows) gives input row iy of image n (its pixel 0, channel
     0): kernels/inverted.py reads the rows it computed into a scratch."""
     emitter = _Emitter(b, s, x_ptr, w_ptr, bias_ptr, y_ptr, apply, after, rows)
-    chunk = b.urem(item, _i64(s.chunks))
-    row = b.udiv(item, _i64(s.chunks))
+    if s.chunk_major:
+        rows = s.n * s.oh
+        chunk, row = b.udiv(item, _i64(rows)), b.urem(item, _i64(rows))
+    else:
+        chunk, row = b.urem(item, _i64(s.chunks)), b.udiv(item, _i64(s.chunks))
     row_ctx = emitter.row(b.udiv(row, _i64(s.oh)), b.urem(row, _i64(s.oh)))
-    first = b.mul(chunk, _i64(CHUNK))
-    full = s.cout // s.width  # vectors with every lane below Cout
-    end = b.add(first, _i64(CHUNK))
-    end = b.select(b.icmp_signed("<", end, _i64(full)), end, _i64(full))
-    counted_loop(b, first, end, lambda b, v: emitter.vector(row_ctx, v, s.width))
+    first = b.mul(chunk, _i64(s.chunk // s.block))  # in blocks
+    full = s.cout // s.width  # vectors with every lane below Cout (whole blocks)
+    end = b.add(first, _i64(s.chunk // s.block))
+    end = b.select(b.icmp_signed("<", end, _i64(full // s.block)), end,
+                   _i64(full // s.block))
+    counted_loop(b, first, end, lambda b, k: emitter.vector(
+        row_ctx, b.mul(k, _i64(s.block)), s.width))
     tail = s.cout - full * s.width
     if tail:
         with b.if_then(b.icmp_unsigned("==", chunk, _i64(s.chunks - 1))):
@@ -359,8 +423,9 @@ class _Emitter:
         return b.gep(self.x, [line], source_etype=F32, inbounds=True)
 
     def vector(self, row: _Row, v, valid: int) -> None:
-        """All output columns of the row for channel vector v (`valid` lanes), tile by
-        tile (`column_tiles`): a run of equal interior tiles is a loop, any other tile
+        """All output columns of the row for channel vectors v .. v + s.block - 1
+        (`valid` lanes of the last: a block has whole vectors), tile by tile
+        (`column_tiles`): a run of equal interior tiles is a loop, any other tile
         straight-line code reading only the taps inside the image."""
         s = self.s
         row = _Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, valid)
@@ -375,9 +440,10 @@ class _Emitter:
 
     def pixels(self, row: _Row, ow0, taps: list[list[int]]) -> None:
         """Output pixels ow0, ow0 + 1, ... (one per entry of `taps`, the kw each reads)
-        of the row, for its channel vector: accumulate, add the bias, store, epilogue."""
+        of the row, for its block of channel vectors: accumulate, add the bias, store,
+        epilogue. accs[p * block + r]: pixel p, vector v + r."""
         b, s = self.b, self.s
-        count = len(taps)
+        count = len(taps) * s.block
         t = _vec(s.width)
         with b.goto_entry_block():
             accs = [b.alloca(t) for _ in range(count)]
@@ -386,7 +452,11 @@ class _Emitter:
         col0 = b.sub(b.mul(ow0, _i64(s.strides[1])), _i64(s.pads[1]))
         counted_loop(b, row.kh_lo, row.kh_hi,
                      lambda b, kh: self._window_row(row, kh, col0, taps, accs))
-        self._finish(row, ow0, [b.load(a, typ=t) for a in accs])
+        vals = [b.load(a, typ=t) for a in accs]
+        for r in range(s.block):
+            part = row if r == 0 else _Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi,
+                                           b.add(row.v, _i64(r)), row.valid)
+            self._finish(part, ow0, vals[r::s.block])
 
     def _window_row(self, row: _Row, kh, col0, taps, accs) -> None:
         """acc[p] += sum over kw in taps[p], j < Cg of input * weight, window row kh: j
@@ -405,16 +475,20 @@ class _Emitter:
         iy = b.add(row.y0, b.mul(kh, _i64(s.dilations[0])))
         line = self.rows(b, row.n, iy)  # the input row's pixel 0
         wrow = b.mul(b.add(b.mul(row.v, _i64(s.kh)), kh), _i64(s.kw))  # (v, kh, 0)
+        step = s.kh * s.kw * s.cg * s.width  # floats from vector v's weights to v + 1's
         vals = [b.load(a, typ=t) for a in accs]
         for j in js:
             for p, kws in enumerate(taps):
                 for kw in kws:
                     pixel = b.add(col0, _i64(p * s.strides[1] + kw * s.dilations[1]))
                     wk = b.add(b.mul(b.add(wrow, _i64(kw)), _i64(s.cg)), _as_i64(j))
-                    wvec = b.load(b.gep(self.w, [b.mul(wk, _i64(s.width))],
-                                        source_etype=F32, inbounds=True), typ=t, align=4)
-                    vals[p] = b.call(self.fma, [self._input(row, line, pixel, j), wvec,
-                                                vals[p]])
+                    x = self._input(row, line, pixel, j)
+                    for r in range(s.block):
+                        at = b.add(b.mul(wk, _i64(s.width)), _i64(r * step))
+                        wvec = b.load(b.gep(self.w, [at], source_etype=F32, inbounds=True),
+                                      typ=t, align=4)
+                        i = p * s.block + r
+                        vals[i] = b.call(self.fma, [x, wvec, vals[i]])
         for p, a in enumerate(accs):
             b.store(vals[p], a)
 

@@ -42,6 +42,7 @@ efficientnet_b0 (3 pairs, SiLU), pairs in the model: 112x112 16->96 s2 1044-1126
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -159,7 +160,8 @@ class InvertedShape:
         _, _, wd, cin = x.shape
         row = conv.ConvShape(1, 1, wd, cin, 1, wd, w.shape[0], 1, 1, (1, 1), (0, 0),
                              (1, 1), (0, 0), tile)
-        return cls(row, grouped.plan(dw_node, tile.vec))
+        # emit_item below numbers the depthwise's items row by row
+        return cls(row, dataclasses.replace(grouped.plan(dw_node, tile), chunk_major=False))
 
     @property
     def ring_floats(self) -> int:

@@ -152,6 +152,63 @@ def test_columns_are_cut_into_even_tiles(ow, pad, k, expected):
     assert max(size for _, size, _ in tiles) <= grouped.TILE
 
 
+@pytest.mark.parametrize("mode,mg,width,registers,columns,expected", [
+    ("broadcast", 16, 16, 32, 3, (1, 8)),  # one vector a group: TILE pixels
+    ("broadcast", 128, 16, 32, 3, (2, 8)),  # a 3x3 conv: the taps' weights cost loads
+    ("broadcast", 128, 16, 32, 5, (2, 8)),
+    ("broadcast", 192, 16, 32, 1, (3, 6)),  # a 1x1 conv (SqueezeBERT): 3 vectors, 6 pixels
+    ("broadcast", 64, 16, 32, 1, (4, 4)),  # 3 does not divide the group's 4 vectors
+    ("broadcast", 192, 8, 16, 1, (2, 4)),  # AVX2's 16 registers
+    ("broadcast", 128, 8, 16, 3, (1, 8)),  # a block would hold under TILE accumulators
+    ("shuffle", 1, 16, 32, 3, (1, 8)),  # depthwise: vectors hold whole groups
+])
+def test_register_block(mode, mg, width, registers, columns, expected):
+    assert grouped.register_block(mode, mg, width, registers, columns) == expected
+
+
+def _grouped_node(x_shape, cout, k, group):
+    wt = np.zeros((cout, x_shape[3] // group, k, k), np.float32)
+    oh, ow = x_shape[1] - k + 1, x_shape[2] - k + 1
+    g = parse_graph(_conv_text(x_shape, wt.shape, (1, 1), (0,) * 4, (1, 1), group,
+                               (x_shape[0], oh, ow, cout), bias=False), {"w": wt})
+    return next(n for n in g.nodes if n.op == "conv")
+
+
+def test_wide_groups_plan_register_blocks_and_large_weights_run_chunk_by_chunk():
+    from compiler.kernels import gemm
+    from compiler import target as targets
+
+    tile = gemm.Tile.of(targets.parse("cpu:x86-64-v4"))  # AVX-512: 32 registers
+    s = grouped.plan(_grouped_node((1, 14, 14, 896), 896, 3, 7), tile)  # RegNet-X width 128
+    assert (s.width, s.mode, s.block, s.tile) == (16, "broadcast", 2, 8)
+    assert s.chunk % s.block == 0 and s.chunk_major  # 4 MB of weights: chunk by chunk
+    small = grouped.plan(_grouped_node((1, 14, 14, 64), 64, 3, 2), tile)  # 74 KB of weights
+    assert small.block == 2 and not small.chunk_major
+    dw = grouped.plan(_grouped_node((1, 14, 14, 64), 64, 3, 64), tile)
+    assert (dw.block, dw.tile, dw.chunk_major) == (1, grouped.TILE, False)
+
+
+# (x NHWC, groups, kernel, strides): groups two or more vectors wide take a register
+# block of several vectors (1x1, 3x3, 5x5; strided; a block of 3; a 7-wide row of one
+# tile); the 5x5's 3.3 MB of weights run chunk by chunk
+WIDE_GROUPS = [
+    ((1, 9, 11, 128), 4, 3, (1, 1)),
+    ((1, 6, 10, 192), 4, 1, (1, 1)),
+    ((2, 9, 9, 256), 2, 3, (2, 2)),
+    ((1, 7, 7, 96), 2, 3, (1, 1)),
+    ((1, 13, 13, 256), 2, 5, (1, 1)),
+]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cpu:x86-64-v3", "cpu:x86-64-v2"])
+@pytest.mark.parametrize("x_shape,groups,k,strides", WIDE_GROUPS)
+def test_wide_groups_match_torch(target, x_shape, groups, k, strides):
+    pad = k // 2
+    y, want, terms = _run_2d(x_shape, x_shape[3], k, strides, (pad,) * 4, (1, 1),
+                             group=groups, target=target)
+    _close(y, want, terms)
+
+
 @pytest.mark.parametrize("x_shape,groups,strides", [
     ((1, 13, 13, 48), 6, (2, 2)),  # group width 8 at stride 2: broadcast on 8 lanes
     ((1, 9, 9, 96), 4, (1, 2)),  # group width 24, strided along the row only
@@ -171,7 +228,7 @@ def test_which_convs_take_the_grouped_kernel():
     assert grouped.refusal(node) is None and supports(node) is None
     cg = compile_graph(g)
     assert [k.kind for k in cg.kernels] == ["contraction"]
-    assert "llvm.fma.v16f32" in cg.llvm_ir  # vectorized over channels
+    assert "llvm.fmuladd.v16f32" in cg.llvm_ir  # vectorized over channels
     dense = parse_graph(_conv_text((1, 5, 5, 8), (8, 8, 3, 3), (1, 1), (1,) * 4, (1, 1), 1,
                                    (1, 5, 5, 8), bias=False),
                         {"w": RNG.standard_normal((8, 8, 3, 3)).astype(np.float32)})
@@ -309,12 +366,13 @@ def test_inverted_residual_block_is_one_channels_last_cluster():
     np.testing.assert_allclose(compiled(x)[0], want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
-def test_grouped_resnext_block_matches_torch():
+@pytest.mark.parametrize("groups", [8, 2])  # group width 8; 32 (a register block of 2)
+def test_grouped_resnext_block_matches_torch(groups):
     torch.manual_seed(0)
     module = torch.nn.Sequential(
         torch.nn.Conv2d(64, 64, 1), torch.nn.ReLU(),
-        torch.nn.Conv2d(64, 64, 3, 2, 1, groups=8), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
-        torch.nn.Conv2d(64, 32, 1))
+        torch.nn.Conv2d(64, 64, 3, 2, 1, groups=groups), torch.nn.BatchNorm2d(64),
+        torch.nn.ReLU(), torch.nn.Conv2d(64, 32, 1))
     x = RNG.standard_normal((1, 64, 12, 12)).astype(np.float32)
     compiled = _compile_torch(module, x)
     with torch.no_grad():
@@ -370,3 +428,22 @@ def test_global_pool_over_channels_last_runs_by_columns():
                                atol=1e-7)
     np.testing.assert_array_equal(peak, xt.amax(dim=1).float().numpy())
     np.testing.assert_array_equal(soft, (xt - xt.amax(dim=3, keepdim=True)).float().numpy())
+
+
+@pytest.mark.parametrize("target", ["cpu:x86-64-v4", "cpu:x86-64-v3", "cpu:x86-64-v2",
+                                    "cpu:neoverse-n1"])
+@pytest.mark.parametrize("cin,groups,k", [(896, 7, 3), (768, 4, 1)])
+def test_register_blocks_do_not_spill(target, cin, groups, k):
+    """A wide group's register block (accumulators, weight vectors, splatted columns)
+    fits the target's registers: no stack spill or reload in any inner loop."""
+    from compiler import target as targets
+    from compiler.codegen import asm, llvm_cpu
+
+    h = 10
+    wt = np.zeros((cin, cin // groups, k, k), np.float32)
+    g = parse_graph(_conv_text((1, h, h, cin), wt.shape, (1, 1), (k // 2,) * 4, (1, 1),
+                               groups, (1, h, h, cin), bias=False), {"w": wt})
+    loops = asm.loop_spills(llvm_cpu.emit_assembly(compile_graph(g, target=target).llvm_ir,
+                                                   targets.parse(target)))
+    assert loops, "no inner loop that multiplies found"
+    assert {name: s for name, (_, s) in loops.items() if s} == {}
