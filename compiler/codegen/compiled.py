@@ -159,9 +159,10 @@ def packers(kernel) -> dict:
         r = kernel.contraction.inputs[1]
         return {1: functools.partial(recurrent.pack_r, tile=tile)} if r.is_const else {}
     if impl.name == choice.GROUPED:
-        width = grouped.plan(kernel.contraction, tile).width
-        return {1: lambda w: grouped.pack_weight(w, width),
-                2: lambda b: grouped.pack_bias(b, width)}
+        plan = grouped.plan(kernel.contraction, tile)
+        width, groups = plan.width, plan.group if plan.padded else 1
+        return {1: lambda w: grouped.pack_weight(w, width, groups),
+                2: lambda b: grouped.pack_bias(b, width, groups)}
     if impl.name == choice.WINOGRAD:
         return {1: lambda w: winograd.pack_weight(w, impl.m, tile), 2: bias}
     return {1: functools.partial(conv.pack_weight, tile=tile), 2: bias}

@@ -70,6 +70,14 @@ BROADCAST_MIN_FRACTION = 2
 UNROLL_CG = 8
 # A broadcast tile's vectors of one group (see register_block).
 MAX_BLOCK = 4
+# A group wider than a vector but not a whole number of vectors (RegNet's 56, 120, 168,
+# 232) runs on full vectors with its last one partly masked where that wastes at most
+# 1 - this of the lanes, rather than on vectors narrow enough to divide it (120 = 15 x 8
+# lanes: half of AVX-512's width). Measured on AVX-512 (Intel, full-width FMAs), 3x3
+# convs: groups of 120 at 14x14, 1.30 -> 0.80-0.86 ms; of 56 (RegNet-Y-8GF) at 28x28,
+# 1.94 -> 1.07-1.14 ms. (Where a 512-bit FMA is two 256-bit halves, Zen 4, the narrow
+# vectors have the same peak: the padding costs its masked lanes there, at most 1/8.)
+PAD_MIN_OCCUPANCY = 0.875
 # Work items run row by row (each row reads all of W, and its input rows once), or chunk
 # by chunk (each chunk's weights read once, its input columns once per row) where W
 # is more than this fraction of one core's L2: RegNet-X's 896-channel group-width-128
@@ -97,6 +105,8 @@ def choose_width(mg: int, cg: int, vec: int, shared: bool = True) -> tuple[int, 
     a target of `vec` float lanes; `shared`: an input column serves several taps of
     neighbouring output pixels (stride 1 along the row, a window wider than 1; see the
     module docstring and BROADCAST_MIN_FRACTION)."""
+    if mg > vec and mg % vec and mg / (-(-mg // vec) * vec) >= PAD_MIN_OCCUPANCY:
+        return vec, "broadcast"  # groups padded to whole vectors (GroupedShape.padded)
     half = vec // BROADCAST_MIN_FRACTION
     if not shared and cg > 1 and half and mg % half == 0:
         width = vec
@@ -130,7 +140,7 @@ def register_block(mode: str, mg: int, width: int, registers: int,
     Measured on AVX-512 (RegNet-X's 3x3 group-width-128 conv, an AlexNet-style 5x5 with
     2 groups): 2 x 8 ran 10-25% faster than one vector, 4 x 3 (fewest loads per FMA
     when the taps are left out) 20-30% slower than 2 x 8."""
-    vectors = mg // width if mode == "broadcast" else 1
+    vectors = -(-mg // width) if mode == "broadcast" else 1
     best = (1, TILE)
     cost = (columns + TILE + columns - 1) / (TILE * columns)
     for block in range(2, min(MAX_BLOCK, vectors) + 1):
@@ -206,7 +216,20 @@ class GroupedShape:
         return self.width // self.mg * self.cg
 
     @property
+    def padded(self) -> bool:
+        """Broadcast mode with groups that are not whole vectors: each group's channels
+        start a vector (its last one partly masked; its weights and bias zero-padded)."""
+        return self.mode == "broadcast" and self.mg % self.width != 0
+
+    @property
+    def group_vectors(self) -> int:
+        """Vectors per group (broadcast mode)."""
+        return -(-self.mg // self.width)
+
+    @property
     def vectors(self) -> int:
+        if self.mode == "broadcast":
+            return self.group * self.group_vectors
         return -(-self.cout // self.width)
 
     @property
@@ -272,24 +295,31 @@ def plan(node, tile: gemm.Tile) -> GroupedShape:
     return GroupedShape.of(node, tile.vec, tile.vector_registers, tile.l2_bytes)
 
 
-def pack_weight(w: np.ndarray, width: int) -> np.ndarray:
+def _pad_groups(a: np.ndarray, width: int, groups: int) -> np.ndarray:
+    """a's rows (output channels) as `groups` groups, each zero-padded to whole vectors
+    (groups = 1: the whole, padded to whole vectors)."""
+    mg = a.shape[0] // groups
+    padded = -(-mg // width) * width
+    out = np.zeros((groups, padded) + a.shape[1:], np.float32)
+    out[:, :mg] = a.reshape((groups, mg) + a.shape[1:])
+    return out.reshape((groups * padded,) + a.shape[1:])
+
+
+def pack_weight(w: np.ndarray, width: int, groups: int = 1) -> np.ndarray:
     """W[o, j, kh, kw] -> [vector][kh][kw][j][lane], o = vector * width + lane, zero past
-    Cout (a 1-d conv's W[o, j, kw] as kh = 1)."""
+    Cout, or past each of `groups` groups (GroupedShape.padded) (a 1-d conv's W[o, j, kw]
+    as kh = 1)."""
     if w.ndim == 3:
         w = w[:, :, None, :]
+    w = _pad_groups(w.astype(np.float32, copy=False), width, groups)
     co, cg, kh, kw = w.shape
-    vectors = -(-co // width)
-    w = w.astype(np.float32, copy=False)
-    if vectors * width != co:
-        w = np.concatenate([w, np.zeros((vectors * width - co, cg, kh, kw), np.float32)])
-    return np.ascontiguousarray(w.reshape(vectors, width, cg, kh, kw).transpose(0, 3, 4, 2, 1))
+    return np.ascontiguousarray(w.reshape(co // width, width, cg, kh, kw)
+                                .transpose(0, 3, 4, 2, 1))
 
 
-def pack_bias(bias: np.ndarray, width: int) -> np.ndarray:
-    """bias[o], zero-padded to whole vectors."""
-    out = np.zeros(-(-bias.size // width) * width, np.float32)
-    out[:bias.size] = bias
-    return out
+def pack_bias(bias: np.ndarray, width: int, groups: int = 1) -> np.ndarray:
+    """bias[o], zero-padded to whole vectors (of each group: see pack_weight)."""
+    return _pad_groups(bias.astype(np.float32, copy=False), width, groups)
 
 
 # -- code ---------------------------------------------------------------------------
@@ -375,13 +405,15 @@ def emit_item(b: ir.IRBuilder, s: GroupedShape, x_ptr, w_ptr, bias_ptr, y_ptr, i
         chunk, row = b.urem(item, _i64(s.chunks)), b.udiv(item, _i64(s.chunks))
     row_ctx = emitter.row(b.udiv(row, _i64(s.oh)), b.urem(row, _i64(s.oh)))
     first = b.mul(chunk, _i64(s.chunk // s.block))  # in blocks
-    full = s.cout // s.width  # vectors with every lane below Cout (whole blocks)
+    # vectors with every lane below Cout (whole blocks; in broadcast mode all of them, a
+    # padded group's last vector masked by `vector`)
+    full = s.vectors if s.mode == "broadcast" else s.cout // s.width
     end = b.add(first, _i64(s.chunk // s.block))
     end = b.select(b.icmp_signed("<", end, _i64(full // s.block)), end,
                    _i64(full // s.block))
     counted_loop(b, first, end, lambda b, k: emitter.vector(
         row_ctx, b.mul(k, _i64(s.block)), s.width))
-    tail = s.cout - full * s.width
+    tail = 0 if s.mode == "broadcast" else s.cout - full * s.width
     if tail:
         with b.if_then(b.icmp_unsigned("==", chunk, _i64(s.chunks - 1))):
             emitter.vector(row_ctx, _i64(full), tail)
@@ -427,8 +459,23 @@ class _Emitter:
         (`valid` lanes of the last: a block has whole vectors), tile by tile
         (`column_tiles`): a run of equal interior tiles is a loop, any other tile
         straight-line code reading only the taps inside the image."""
+        b, s = self.b, self.s
+        if s.padded:  # the group's last block ends in its partial vector
+            last = s.mg - (s.group_vectors - 1) * s.width
+            at_end = b.icmp_unsigned("==", b.urem(v, _i64(s.group_vectors)),
+                                     _i64(s.group_vectors - s.block))
+            with b.if_else(at_end) as (then, otherwise):
+                with then:
+                    self._columns(_Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, last))
+                with otherwise:
+                    self._columns(_Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v,
+                                       valid))
+            return
+        self._columns(_Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, valid))
+
+    def _columns(self, row: _Row) -> None:
+        """`vector`'s tiles for the block at row.v."""
         s = self.s
-        row = _Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, valid)
         all_taps = list(range(s.kw))
         for start, size, repeat in column_tiles(s):
             if repeat == 1:
@@ -453,9 +500,12 @@ class _Emitter:
         counted_loop(b, row.kh_lo, row.kh_hi,
                      lambda b, kh: self._window_row(row, kh, col0, taps, accs))
         vals = [b.load(a, typ=t) for a in accs]
-        for r in range(s.block):
-            part = row if r == 0 else _Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi,
-                                           b.add(row.v, _i64(r)), row.valid)
+        for r in range(s.block):  # row.valid: the lanes of the block's last vector
+            part = row if r == s.block - 1 else _Row(
+                row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, row.v, s.width)
+            if r:
+                part = _Row(part.n, part.oh, part.y0, part.kh_lo, part.kh_hi,
+                            b.add(row.v, _i64(r)), part.valid)
             self._finish(part, ow0, vals[r::s.block])
 
     def _window_row(self, row: _Row, kh, col0, taps, accs) -> None:
@@ -497,7 +547,7 @@ class _Emitter:
         `line` (j: an int in shuffle mode, an i64 in broadcast mode)."""
         b, s = self.b, self.s
         if s.mode == "broadcast":
-            group = b.udiv(row.v, _i64(s.mg // s.width))
+            group = b.udiv(row.v, _i64(s.group_vectors))
             ch = b.add(b.add(b.mul(pixel, _i64(s.cin)), b.mul(group, _i64(s.cg))), _as_i64(j))
             x = b.load(b.gep(line, [ch], source_etype=F32, inbounds=True), typ=F32)
             return _splat(b, x, s.width)
@@ -515,9 +565,13 @@ class _Emitter:
         """Bias, the register epilogue, the store and the in-place epilogue of the
         pixels ow0, ow0 + 1, ... for the row's channel vector."""
         b, s = self.b, self.s
-        col = b.mul(row.v, _i64(s.width))
+        col = packed = b.mul(row.v, _i64(s.width))  # the channel; its packed bias's index
+        if s.padded:
+            g = b.udiv(row.v, _i64(s.group_vectors))
+            col = b.add(b.mul(g, _i64(s.mg)),
+                        b.mul(b.urem(row.v, _i64(s.group_vectors)), _i64(s.width)))
         if self.bias is not None:
-            bvec = b.load(b.gep(self.bias, [col], source_etype=F32, inbounds=True),
+            bvec = b.load(b.gep(self.bias, [packed], source_etype=F32, inbounds=True),
                           typ=_vec(s.width), align=4)
             vals = [b.fadd(x, bvec) for x in vals]
         first = b.add(b.mul(b.add(b.mul(row.n, _i64(s.oh)), row.oh), _i64(s.ow)), ow0)

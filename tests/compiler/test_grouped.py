@@ -119,6 +119,9 @@ def test_narrower_vector_targets_match_torch(target, cin, cout, groups):
     (24, 24, 16, (8, "broadcast")),  # 24 = 3 vectors of 8
     (3, 1, 16, (1, "broadcast")),  # scalars
     (4, 4, 8, (8, "shuffle")),  # a narrower target
+    (56, 56, 16, (16, "broadcast")),  # 4 vectors of 16, the last half used: padded
+    (120, 120, 16, (16, "broadcast")),  # 8 vectors, 15 of 16 lanes used
+    (40, 40, 16, (8, "broadcast")),  # padding would waste 1/6 of the lanes: 5 x 8
 ])
 def test_vector_width_and_mode(mg, cg, vec, expected):
     assert grouped.choose_width(mg, cg, vec) == expected
@@ -186,6 +189,13 @@ def test_wide_groups_plan_register_blocks_and_large_weights_run_chunk_by_chunk()
     assert small.block == 2 and not small.chunk_major
     dw = grouped.plan(_grouped_node((1, 14, 14, 64), 64, 3, 64), tile)
     assert (dw.block, dw.tile, dw.chunk_major) == (1, grouped.TILE, False)
+    regnet = grouped.plan(_grouped_node((1, 9, 9, 360), 360, 3, 3), tile)  # width 120
+    assert regnet.padded and (regnet.width, regnet.group_vectors) == (16, 8)
+    assert regnet.vectors == 24 and not dw.padded and not s.padded
+    w = np.arange(360 * 120 * 9, dtype=np.float32).reshape(360, 120, 3, 3)
+    packed = grouped.pack_weight(w, 16, 3).reshape(24, 3, 3, 120, 16)
+    assert packed[8, 1, 2, 5, 0] == w[120, 5, 1, 2]  # group 1 starts vector 8
+    assert not packed[7, :, :, :, 8:].any()  # the lanes past group 0's 120 channels
 
 
 # (x NHWC, groups, kernel, strides): groups two or more vectors wide take a register
@@ -197,6 +207,9 @@ WIDE_GROUPS = [
     ((2, 9, 9, 256), 2, 3, (2, 2)),
     ((1, 7, 7, 96), 2, 3, (1, 1)),
     ((1, 13, 13, 256), 2, 5, (1, 1)),
+    ((1, 9, 10, 112), 2, 3, (1, 1)),  # groups of 56: 4 vectors of 16, the last one half
+    ((2, 8, 9, 360), 3, 3, (2, 2)),  # groups of 120, strided: 8 vectors, the last masked
+    ((1, 6, 7, 240), 2, 1, (1, 1)),  # a 1x1 over groups of 120
 ]
 
 
@@ -366,14 +379,18 @@ def test_inverted_residual_block_is_one_channels_last_cluster():
     np.testing.assert_allclose(compiled(x)[0], want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("groups", [8, 2])  # group width 8; 32 (a register block of 2)
-def test_grouped_resnext_block_matches_torch(groups):
+# group width 8; 32 (a register block of 2); 56 (groups padded to 4 vectors)
+@pytest.mark.parametrize("c,groups", [(64, 8), (64, 2), (112, 2)])
+def test_grouped_resnext_block_matches_torch(c, groups):
     torch.manual_seed(0)
     module = torch.nn.Sequential(
-        torch.nn.Conv2d(64, 64, 1), torch.nn.ReLU(),
-        torch.nn.Conv2d(64, 64, 3, 2, 1, groups=groups), torch.nn.BatchNorm2d(64),
-        torch.nn.ReLU(), torch.nn.Conv2d(64, 32, 1))
-    x = RNG.standard_normal((1, 64, 12, 12)).astype(np.float32)
+        torch.nn.Conv2d(c, c, 1), torch.nn.ReLU(),
+        torch.nn.Conv2d(c, c, 3, 2, 1, groups=groups), torch.nn.BatchNorm2d(c),
+        torch.nn.ReLU(), torch.nn.Conv2d(c, 32, 1))
+    with torch.no_grad():
+        module[3].running_mean.uniform_(-0.5, 0.5)
+        module[3].bias.uniform_(-0.5, 0.5)
+    x = RNG.standard_normal((1, c, 12, 12)).astype(np.float32)
     compiled = _compile_torch(module, x)
     with torch.no_grad():
         want = module.eval()(torch.from_numpy(x)).numpy()
