@@ -56,6 +56,11 @@ PTR = ir.PointerType()
 _LOOP_ID = re.compile(r"!llvm\.loop !\d+")
 # Render twins anyway and check that they are twins (tests/conftest.py sets it).
 VERIFY_TWINS = os.environ.get("BRAZE_VERIFY_TWINS") == "1"
+# `run` calls at most this many kernels itself; a longer cluster's calls go in
+# never-inlined pieces of this many. LLVM's -O3 is superlinear in one function's size:
+# RWKV's 128 time steps unrolled by the ONNX exporter (4 layers: 4498 kernels, 192
+# distinct) spent 141 s optimizing the one `run`.
+ENTRY_KERNELS = 64
 
 
 class Renderer(RowKernels, LoopKernels):
@@ -590,11 +595,40 @@ class Renderer(RowKernels, LoopKernels):
         return declare(self.module, name, ret, args)
 
     def _entry(self, nests) -> None:
+        """`run(bufs, threads)` (`run_profiled(bufs, threads, stamps)`): the kernels in
+        order, each on its own table, with the caller's float mode saved and restored.
+        Past ENTRY_KERNELS kernels the calls go in never-inlined pieces of that many."""
         args = [PTR, I32] + ([PTR] if self.profile else [])
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), args),
                          "run_profiled" if self.profile else "run")
-        bufs, threads = fn.args[:2]
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        saved = fpmode.save(b, self.target.triple)  # each kernel sets its own
+        if self.profile:
+            self._stamp(b, fn, 0)
+        if len(nests) > ENTRY_KERNELS:
+            for start in range(0, len(nests), ENTRY_KERNELS):
+                piece = ir.Function(self.module, ir.FunctionType(ir.VoidType(), args),
+                                    f"{fn.name}.{start // ENTRY_KERNELS}")
+                piece.linkage = "internal"
+                piece.attributes.add("noinline")
+                pb = ir.IRBuilder(piece.append_basic_block("entry"))
+                self._calls(pb, piece, nests[start:start + ENTRY_KERNELS], start)
+                pb.ret_void()
+                b.call(piece, list(fn.args))
+        else:
+            self._calls(b, fn, nests, 0)
+        fpmode.restore(b, self.target.triple, saved)
+        b.ret_void()
+
+    def _stamp(self, b: ir.IRBuilder, fn: ir.Function, j: int) -> None:
+        """stamps[j] = the cycle counter (a profiled run)."""
+        now = b.call(self._decl("llvm.readcyclecounter", I64, []), [])
+        b.store(now, b.gep(fn.args[2], [i64(j)], source_etype=I64, inbounds=True))
+
+    def _calls(self, b: ir.IRBuilder, fn: ir.Function, nests, start: int) -> None:
+        """In `fn` (run's arguments), each nest's call on its own table, threaded as its
+        mode says (stamp start + 1, ... after each in a profiled run)."""
+        bufs, threads = fn.args[:2]
         teams = any(mode == TEAM for _, _, mode, _ in nests) and llvm_cpu.libgomp()
         gomp = self._decl("GOMP_parallel", ir.VoidType(),
                           [PTR, PTR, I32, I32]) if teams else None
@@ -605,9 +639,7 @@ class Renderer(RowKernels, LoopKernels):
                 now = b.call(self._decl("llvm.readcyclecounter", I64, []), [])
                 b.store(now, b.gep(fn.args[2], [i64(j)], source_etype=I64, inbounds=True))
 
-        saved = fpmode.save(b, self.target.triple)  # each kernel sets its own
-        stamp(0)
-        for j, (nest, outer, mode, values) in enumerate(nests, start=1):
+        for j, (nest, outer, mode, values) in enumerate(nests, start=start + 1):
             table = self._table(b, bufs, values)
             if mode == ITEMS or (mode == TEAM and gomp is not None):
                 many = b.icmp_signed(">", threads, ir.Constant(I32, 1))
@@ -622,9 +654,8 @@ class Renderer(RowKernels, LoopKernels):
                         b.call(nest, [table, i64(0), i64(outer)])
             else:
                 b.call(nest, [table, i64(0), i64(outer)])
-            stamp(j)
-        fpmode.restore(b, self.target.triple, saved)
-        b.ret_void()
+            if self.profile:
+                self._stamp(b, fn, j)
 
     def _table(self, b: ir.IRBuilder, bufs, values: list):
         """A kernel's own pointer table: its buffers' pointers, copied from `bufs`."""

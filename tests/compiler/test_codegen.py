@@ -388,6 +388,38 @@ def test_profile_times_each_kernel_and_leaves_run_alone():
     assert "run_profiled" not in cg.llvm_ir and "readcyclecounter" not in cg.llvm_ir
 
 
+def _chain_of_twin_kernels(n: int, w: np.ndarray) -> Graph:
+    """n matmuls by w, each with a ReLU, one after another: n twin kernels."""
+    lines = [f"  %h{i + 1} = matmul(%h{i}, %w) : f32[3,16]\n"
+             f"  %r{i + 1} = max(%h{i + 1}, %zero) : f32[3,16]".replace(f"(%h{i},", f"(%r{i},")
+             for i in range(n)]
+    text = "graph twins(%r0: f32[3,16]) -> (%r{n}) {{\n  %w = const() {{value=@w}} : " \
+        "f32[16,16]\n  %zero = const() {{value=dense<f32[]: [0.0]>}} : f32[]\n{body}\n}}" \
+        .format(n=n, body="\n".join(lines))
+    return parse_graph(text, {"w": w})
+
+
+def test_a_long_cluster_calls_its_kernels_from_pieces():
+    """Past ENTRY_KERNELS kernels `run` calls never-inlined pieces of that many (LLVM's
+    -O3 on one function of 4498 calls took 141 s); results, order and profiling hold."""
+    n = 2 * cpu.ENTRY_KERNELS + 5
+    rng = np.random.default_rng(0)
+    w = (np.eye(16) + 0.05 * rng.standard_normal((16, 16))).astype(np.float32)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    step = CpuStep(compile_graph(_chain_of_twin_kernels(n, w)))
+    assert len(step.kernels) == n
+    ir_text = step.llvm_ir
+    assert all(f'@"run.{i}"' in ir_text for i in range(3)) and '@"run.3"' not in ir_text
+    want = x.astype(np.float64)
+    for _ in range(n):
+        want = np.maximum(want @ w, 0)
+    np.testing.assert_allclose(step.run([x])[0], want, rtol=1e-4, atol=1e-5 * abs(want).max())
+    times = step.profile([x], rounds=2)
+    assert len(times) == n and all(t >= 0 for t in times)
+    short = CpuStep(compile_graph(_chain_of_twin_kernels(3, w)))
+    assert '@"run.0"' not in short.llvm_ir  # a short cluster's calls stay in `run`
+
+
 def test_cache_key_follows_the_graph_text():
     from compiler import target as targets
     from compiler.codegen.compiled import cache_key
