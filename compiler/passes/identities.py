@@ -32,6 +32,16 @@ Movement:
     (element i reads mid[b + i*t] = x[a + (b + i*t)*s])
   reduce over axes that all have size 1                   -> reshape (or x with keepdims)
 
+Constant gathers: gather(x, c) over 1-d x and a constant 1-d index c whose entries run in
+consecutive stretches (at least MIN_GATHER_RUN long on average) -> the concat of those
+stretches as slices, of x or, through x's own concats and slices, of the values x is
+made of. A scatter with positions known at import (importers/scans.scatter_nd_ir:
+torch's out[:, t] = h, ONNX ScatterND) is a gather from concat(x, updates); a loop of
+them (RWKV's 128 time steps, each writing its row of the output) chained 128 gathers,
+and every element of the last one walked back through all of them. Each gather becomes
+a concat of the rows written so far and the rest of x: the chain collapses to one
+concat of the rows.
+
 Strength reduction of float pow by a constant small integer (the one family here that
 may move a result by a rounding): x ** 2 -> x * x, x ** 3 -> (x * x) * x,
 x ** 4 -> (x * x) * (x * x), x ** -1 -> 1 / x. x * x and 1 / x are the correctly
@@ -333,7 +343,80 @@ def rewrite_unit_batch_weight(graph: Graph, node: Node, w2) -> None:
     graph.set_input(node, 1, new_const(graph, node, w2, "weight_2d"))
 
 
+# -- constant gathers ----------------------------------------------------------------
+
+# A constant gather becomes a concat of slices where its index's consecutive runs are at
+# least this long on average, and there are at most MAX_GATHER_RUNS of them.
+MIN_GATHER_RUN = 8
+MAX_GATHER_RUNS = 1024
+# How deep _pieces looks through nested concats and slices.
+MAX_PIECE_DEPTH = 8
+
+
+def _pieces(v: Value, depth: int = 0) -> list[tuple[Value, int, int]]:
+    """1-d v as consecutive pieces (value, start, length): through concats along axis 0
+    and unit-step slices, down to the values they are made of."""
+    p = v.producer
+    if p is not None and depth < MAX_PIECE_DEPTH and len(v.shape) == 1:
+        if p.op == "concat":
+            return [piece for u in p.inputs for piece in _pieces(u, depth + 1)]
+        if p.op == "slice" and p.attrs["steps"][0] == 1:
+            lo, n = p.attrs["starts"][0], p.attrs["sizes"][0]
+            out, at = [], 0
+            for u, start, size in _pieces(p.inputs[0], depth + 1):
+                a, b = max(lo, at), min(lo + n, at + size)
+                if a < b:
+                    out.append((u, start + a - at, b - a))
+                at += size
+            return out
+    return [(v, 0, v.shape[0])]
+
+
+def check_constant_gather(node: Node, ctx: Context):
+    data, index = node.inputs
+    c = const_value(index)
+    if node.attrs["axis"] != 0 or len(data.shape) != 1 or c is None or c.ndim != 1 \
+            or c.dtype.kind not in "iu" or c.size == 0:
+        return "not a gather of 1-d data by a constant 1-d index"
+    n = data.shape[0]
+    idx = np.where(c < 0, c + n, c).astype(np.int64)
+    if idx.min() < 0 or idx.max() >= n:
+        return "an index is out of range (the gather reports it at run time)"
+    pieces = _pieces(data)
+    ends = np.cumsum([size for _, _, size in pieces])
+    which = np.searchsorted(ends, idx, side="right")
+    breaks = np.flatnonzero((np.diff(idx) != 1) | (np.diff(which) != 0)) + 1
+    runs = len(breaks) + 1
+    if runs > MAX_GATHER_RUNS or runs * MIN_GATHER_RUN > idx.size:
+        return f"{runs} runs of consecutive indices over {idx.size}: too short to slice"
+    out = []
+    for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [idx.size]])):
+        k = int(which[a])
+        u, start, _ = pieces[k]
+        at = int(ends[k]) - pieces[k][2]
+        out.append((u, start + int(idx[a]) - at, int(b - a)))
+    if len(out) == 1 and out[0][1] == 0 and out[0][2] == out[0][0].shape[0]:
+        return forwardable(ctx, node, out[0][0]) or out
+    return out
+
+
+def rewrite_constant_gather(graph: Graph, node: Node, runs) -> Value:
+    parts = []
+    for u, start, size in runs:
+        if start == 0 and size == u.shape[0]:
+            parts.append(u)
+            continue
+        parts.append(graph.add_node("slice", [u], {"starts": (start,), "steps": (1,),
+                                                   "sizes": (size,)},
+                                    index=graph.nodes.index(node)).output)
+    if len(parts) == 1:
+        return parts[0]
+    return graph.add_node("concat", parts, {"axis": 0}, index=graph.nodes.index(node)).output
+
+
 RULES = [
+    Rule("constant_gather", frozenset({"gather"}), check_constant_gather,
+         rewrite_constant_gather),
     Rule("unit_batch_weight", frozenset({"matmul"}), check_unit_batch_weight,
          rewrite_unit_batch_weight),
     Rule("erf_of_quotient", frozenset({"erf"}), check_erf_of_quotient,

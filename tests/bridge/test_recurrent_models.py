@@ -264,3 +264,52 @@ def test_sequence_lengths_out_of_range_raise_as_onnxruntime_refuses_them():
             m(x, np.array(lens, np.int32))
         with pytest.raises(Exception):
             sess.run(None, {"x": x, "L": np.array(lens, np.int32)})
+
+
+class _RowLoop(torch.nn.Module):
+    """A recurrence written as a Python loop that stores each step's output in place,
+    out[:, t] = h (RWKV's CPU path, hand-written RNN cells): torch.compile sees a chain
+    of select_scatters, the ONNX exporter a chain of ScatterNDs."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+        self.decay = torch.nn.Parameter(torch.rand(width) * 0.5 + 0.25)
+
+    def forward(self, x):
+        k = self.proj(x)
+        out = torch.zeros_like(k)
+        h = torch.zeros_like(k[:, 0])
+        for t in range(k.shape[1]):
+            h = h * self.decay + torch.tanh(k[:, t])
+            out[:, t] = h
+        return out * torch.sigmoid(k)
+
+
+def _compiled_nodes(compiled) -> list:
+    spec = next(iter(compiled._specs.values()))
+    return [n for p in spec.parts if p.compiled is not None
+            for k in p.compiled.kernels for n in k.nodes]
+
+
+def test_a_loop_of_row_writes_compiles_to_one_concat_of_rows(tmp_path):
+    """Both front ends: the chain of writes becomes the concat of the rows
+    (identities.constant_gather): no gather from a concat left (k[:, t]'s gathers
+    stay), numbers as eager."""
+    torch.manual_seed(0)
+    module = _RowLoop().eval()
+    x = torch.randn(2, 24, 16)
+    with torch.no_grad():
+        want = module(x).numpy()
+        got = torch.compile(module, backend="braze", options={"allow_fallback": False})(x)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    path = tmp_path / "loop.onnx"
+    torch.onnx.export(module, (x,), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=17, dynamo=False)
+    compiled = bridge.compile_onnx(str(path), allow_fallback=False)
+    np.testing.assert_allclose(compiled(x.numpy())[0], want, rtol=1e-5, atol=1e-5)
+    nodes = _compiled_nodes(compiled)
+    from_concat = [n for n in nodes if n.op == "gather" and n.inputs[0].producer is not None
+                   and n.inputs[0].producer.op == "concat"]
+    assert not from_concat
+    assert max(len(n.inputs) for n in nodes if n.op == "concat") >= 24  # the rows

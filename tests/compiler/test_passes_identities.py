@@ -371,3 +371,65 @@ graph mm(%a: f32[{dims(a_shape)}]) -> (%y) {{
     assert (mm.inputs[1].shape == w_shape[-2:]) == rewritten
     assert (choice.choose(mm).name == choice.GEMM) == rewritten
     np.testing.assert_allclose(evaluate(g, [a])[0], want, rtol=1e-6, atol=1e-6)
+
+
+def _chain_graph(steps: int, width: int, start: int = 0) -> tuple[Graph, list]:
+    """A loop writing row t of a (steps, width) buffer at step t (t >= start), each write
+    a gather from concat(buffer, row) (importers/scans.scatter_nd_ir's form):
+    out[t] = x[t] * h, then h = h + out[t]."""
+    g = Graph("rows")
+    x = g.add_input("x", TensorType("f32", (steps, width)))
+    h = g.add_input("h", TensorType("f32", (width,)))
+    total = steps * width
+    buf = g.const(np.zeros(total, np.float32), "zeros")
+    for t in range(start, steps):
+        row = g.op("reshape", g.op("slice", x, starts=(t, 0), steps=(1, 1), sizes=(1, width)),
+                   shape=(width,))
+        out = g.op("mul", row, h)
+        h = g.op("add", h, out)
+        source = np.arange(total, dtype=np.int64)
+        source[t * width:(t + 1) * width] = total + np.arange(width)
+        both = g.op("concat", g.op("reshape", buf, shape=(total,)), out, axis=0)
+        buf = g.op("reshape", g.op("gather", both, g.const(source, "source"), axis=0),
+                   shape=(steps, width))
+    g.outputs = [buf]
+    return g, g.nodes
+
+
+@pytest.mark.parametrize("start", [0, 3])  # every row written; the first 3 left zero
+def test_a_chain_of_constant_row_writes_becomes_one_concat(start):
+    steps, width = 12, 16
+    g, _ = _chain_graph(steps, width, start)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((steps, width)).astype(np.float32),
+          rng.standard_normal(width).astype(np.float32)]
+    want = evaluate(g, xs)
+    for _ in range(3):
+        simplify_identities(g)
+    remove_dead(g)
+    verify(g)
+    assert not any(n.op == "gather" for n in g.nodes)
+    concats = [n for n in g.nodes if n.op == "concat"]
+    assert len(concats) == 1  # the rows (and the zeros left), side by side
+    assert len(concats[0].inputs) == steps - start + (1 if start else 0)
+    np.testing.assert_array_equal(evaluate(g, xs)[0], want[0])
+
+
+@pytest.mark.parametrize("index,stays", [
+    (np.random.default_rng(0).permutation(64), True),  # runs of 1: a gather is cheaper
+    (np.concatenate([np.arange(32, 64), np.arange(0, 32)]), False),  # two runs: a concat
+    (np.concatenate([np.arange(0, 63), [64]]), True),  # out of range: the gather faults
+    (np.arange(-64, 0), False),  # negative indices count from the end: x itself
+])
+def test_constant_gathers_slice_only_long_runs_in_range(index, stays):
+    g = Graph("g")
+    x = g.add_input("x", TensorType("f32", (64,)))
+    y = g.op("exp", g.op("gather", x, g.const(index.astype(np.int64)), axis=0))
+    g.outputs = [y]
+    xs = [np.random.default_rng(1).standard_normal(64).astype(np.float32)]
+    want = None if index.max() >= 64 else evaluate(g, xs)[0]
+    simplify_identities(g)
+    remove_dead(g)
+    assert any(n.op == "gather" for n in g.nodes) == stays
+    if want is not None:
+        np.testing.assert_array_equal(evaluate(g, xs)[0], want)
