@@ -145,6 +145,12 @@ def decompositions() -> dict:
     # into two slices and a concat, index arithmetic the consumer absorbs (Swin's
     # shifted windows: 12 rolls of 56x56x96 and smaller activations per call).
     table.pop(torch.ops.aten.roll.default, None)
+    # torch decomposes select_scatter (functionalized `out[:, t] = h`) into where(arange ==
+    # t, h expanded, out): every element then computes h and selects, and a loop of such
+    # writes chains the selects (RWKV: 28 of them a kernel, 102 ms of 113). The importer
+    # converts the op itself into a gather from concat(out, h), which the identities
+    # rule constant_gather turns, chained, into one concat of the rows.
+    table.pop(torch.ops.aten.select_scatter.default, None)
     return table
 
 
