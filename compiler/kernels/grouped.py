@@ -30,12 +30,11 @@ ones) has a register tile of `block` vectors of one group times fewer pixels ins
 (`register_block`), the GEMM micro-kernel's shape: each splatted input feeds `block`
 FMAs and each weight vector `pixels` of them, where one vector a tile paid a load or a
 splat per FMA and ran at 55-75% of the GEMM's rate. Work items are (image, output row,
-`chunk` vectors of channels: CHUNK, rounded to whole blocks). Padding costs no test in the inner loops: the
-window rows inside the image are a range computed once per output row, and the output
-columns are cut at compile time into tiles as even as TILE allows (`column_tiles`): a
-tile holding border columns reads only their taps inside the image, a run of interior
-tiles is a loop. The last
-vector of a channel count that is not a multiple of the width loads and stores under a
+`chunk` vectors of channels: CHUNK, rounded to whole blocks). Padding costs no test in
+the inner loops: the window rows inside the image are a range computed once per output
+row, and the output columns are cut at compile time into tiles as even as TILE allows
+(`column_tiles`): a tile holding border columns reads only their taps inside the image,
+a run of interior tiles is a loop. The last vector of a channel count that is not a multiple of the width loads and stores under a
 mask. The epilogue runs on the registers (`apply`; the last vector's operands read
 through a mask) where the vectors are `vec` wide, else in place after the store
 (`after`).
