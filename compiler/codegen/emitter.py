@@ -21,10 +21,6 @@ from compiler.ir import IRError, Value
 from compiler.ops import Family
 
 
-# A concat of more inputs than this picks its input by a tree of compares on the index
-# (_concat_tree) rather than a chain (a constant-gather chain's concat of 128 rows).
-CONCAT_CHAIN_INPUTS = 8
-
 def i64(n: int) -> ir.Constant:
     return ir.Constant(I64, int(n))
 
@@ -308,33 +304,42 @@ class ElementEmitter:
         c, a, b_ = (self.at(u, self._operand_index(idx, u, out)) for u in n.inputs)
         return self.b.select(c, a, b_)
 
-    def _concat_tree(self, n, idx):
-        """A concat of many inputs: a balanced tree of branches on the index (log2 of the
-        inputs compares per element, not one per input before it)."""
+    def _concat(self, n, idx):
+        """A balanced tree of branches on the index (log2 of the inputs compares per
+        element): each input is only read where it owns the index (or the one input the
+        caller pinned for this segment of the loop). The block reading input k is
+        `concat.in{k}`."""
         axis = n.attrs["axis"]
+        if n in self.pinned:
+            k, lo = self.pinned[n]
+            src = list(idx)
+            src[axis] = self.b.sub(idx[axis], i64(lo))
+            return self.at(n.inputs[k], src)
+        if n.outputs[0].shape[axis] == 0:  # an empty result: no element is ever read
+            return scalar_constant(0, n.outputs[0].dtype)
         b = self.b
-        spans, lo = [], 0
-        for u in n.inputs:
+        spans, lo = [], 0  # (input number, its first index along the axis), non-empty ones
+        for k, u in enumerate(n.inputs):
             if u.shape[axis]:
-                spans.append((u, lo))
+                spans.append((k, lo))
             lo += u.shape[axis]
         end = b.append_basic_block("concat.end")
         incoming = []
 
-        def emit(first: int, last: int) -> None:  # inputs spans[first:last]
+        def emit(first: int, last: int) -> None:  # spans[first:last]
             if last - first == 1:
-                u, at = spans[first]
+                k, at = spans[first]
                 src = list(idx)
                 src[axis] = b.sub(idx[axis], i64(at))
                 saved = self.memo
                 self.memo = dict(saved)  # values emitted here do not dominate others
-                incoming.append((self.at(u, src), b.block))
+                incoming.append((self.at(n.inputs[k], src), b.block))
                 self.memo = saved
                 b.branch(end)
                 return
             mid = (first + last) // 2
-            left = b.append_basic_block("concat.lo")
-            right = b.append_basic_block("concat.hi")
+            left = b.append_basic_block(f"concat.in{spans[first][0]}")
+            right = b.append_basic_block(f"concat.in{spans[mid][0]}")
             b.cbranch(b.icmp_unsigned("<", idx[axis], i64(spans[mid][1])), left, right)
             b.position_at_end(left)
             emit(first, mid)
@@ -344,52 +349,6 @@ class ElementEmitter:
         emit(0, len(spans))
         b.position_at_end(end)
         phi = b.phi(llvm_type(n.outputs[0].dtype))
-        for val, blk in incoming:
-            phi.add_incoming(val, blk)
-        return phi
-
-    def _concat(self, n, idx):
-        """A chain of branches: each input is only read where it owns the index (or
-        the one input the caller pinned for this segment of the loop)."""
-        axis = n.attrs["axis"]
-        if n in self.pinned:
-            k, lo = self.pinned[n]
-            src = list(idx)
-            src[axis] = self.b.sub(idx[axis], i64(lo))
-            return self.at(n.inputs[k], src)
-        out_t = llvm_type(n.outputs[0].dtype)
-        if n.outputs[0].shape[axis] == 0:  # an empty result: no element is ever read
-            return scalar_constant(0, n.outputs[0].dtype)
-        if sum(1 for u in n.inputs if u.shape[axis]) > CONCAT_CHAIN_INPUTS:
-            return self._concat_tree(n, idx)
-        b = self.b
-        end = b.append_basic_block("concat.end")
-        incoming = []
-        offset = 0
-        for k, u in enumerate(n.inputs):
-            lo = offset
-            offset += u.shape[axis]
-            if u.shape[axis] == 0:
-                continue
-            last = k == len(n.inputs) - 1 or offset == n.outputs[0].shape[axis]
-            if not last:
-                take = b.append_basic_block(f"concat.in{k}")
-                nxt = b.append_basic_block(f"concat.next{k}")
-                b.cbranch(b.icmp_unsigned("<", idx[axis], i64(offset)), take, nxt)
-                b.position_at_end(take)
-            src = list(idx)
-            src[axis] = b.sub(idx[axis], i64(lo))
-            saved = self.memo
-            self.memo = dict(saved)  # values emitted in this branch do not dominate others
-            val = self.at(u, src)
-            self.memo = saved
-            incoming.append((val, b.block))
-            b.branch(end)
-            if last:
-                break
-            b.position_at_end(nxt)
-        b.position_at_end(end)
-        phi = b.phi(out_t)
         for val, blk in incoming:
             phi.add_incoming(val, blk)
         return phi

@@ -42,7 +42,7 @@ through a mask) where the vectors are `vec` wide, else in place after the store
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 from llvmlite import ir
 
@@ -465,12 +465,11 @@ class _Emitter:
                                      _i64(s.group_vectors - s.block))
             with b.if_else(at_end) as (then, otherwise):
                 with then:
-                    self._columns(_Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, last))
+                    self._columns(replace(row, v=v, valid=last))
                 with otherwise:
-                    self._columns(_Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v,
-                                       valid))
+                    self._columns(replace(row, v=v, valid=valid))
             return
-        self._columns(_Row(row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, v, valid))
+        self._columns(replace(row, v=v, valid=valid))
 
     def _columns(self, row: _Row) -> None:
         """`vector`'s tiles for the block at row.v."""
@@ -500,12 +499,9 @@ class _Emitter:
                      lambda b, kh: self._window_row(row, kh, col0, taps, accs))
         vals = [b.load(a, typ=t) for a in accs]
         for r in range(s.block):  # row.valid: the lanes of the block's last vector
-            part = row if r == s.block - 1 else _Row(
-                row.n, row.oh, row.y0, row.kh_lo, row.kh_hi, row.v, s.width)
-            if r:
-                part = _Row(part.n, part.oh, part.y0, part.kh_lo, part.kh_hi,
-                            b.add(row.v, _i64(r)), part.valid)
-            self._finish(part, ow0, vals[r::s.block])
+            self._finish(replace(row, v=b.add(row.v, _i64(r)) if r else row.v,
+                                 valid=row.valid if r == s.block - 1 else s.width),
+                         ow0, vals[r::s.block])
 
     def _window_row(self, row: _Row, kh, col0, taps, accs) -> None:
         """acc[p] += sum over kw in taps[p], j < Cg of input * weight, window row kh: j

@@ -401,17 +401,18 @@ def check_constant_gather(node: Node, ctx: Context):
 
 
 def rewrite_constant_gather(graph: Graph, node: Node, runs) -> Value:
+    at = graph.nodes.index(node)  # new nodes go just before the gather, in order
     parts = []
     for u, start, size in runs:
         if start == 0 and size == u.shape[0]:
             parts.append(u)
             continue
         parts.append(graph.add_node("slice", [u], {"starts": (start,), "steps": (1,),
-                                                   "sizes": (size,)},
-                                    index=graph.nodes.index(node)).output)
+                                                   "sizes": (size,)}, index=at).output)
+        at += 1
     if len(parts) == 1:
         return parts[0]
-    return graph.add_node("concat", parts, {"axis": 0}, index=graph.nodes.index(node)).output
+    return graph.add_node("concat", parts, {"axis": 0}, index=at).output
 
 
 RULES = [
