@@ -90,6 +90,8 @@ class ElementEmitter:
         self.faults = faults
         self.memo: dict = {}
         self._invariant: dict[Value, bool] = {}  # _row_invariant's answers
+        self._flat_reads: dict[Value, bool] = {}  # _reads_flat's answers
+        self._flat_twin: ElementEmitter | None = None
         # concat node -> (input number, its first index on the axis): the loop over
         # that axis was split by input (kernel_facts.concat_segments), so this element
         # reads that input with no branch
@@ -210,9 +212,13 @@ class ElementEmitter:
         [1, 56, 56, C] -> [1, 8, 7, 8, 7, C] splits two dims and passes C through: two
         small divisions per element, not one per dim of the whole offset)."""
         x = n.inputs[0]
-        if x in self.buffers and x not in self.registers and not self.flat:
+        if self.flat:  # the same row-major offset in x
+            return self.at(x, idx)
+        if x in self.buffers and x not in self.registers:
             return self.load(n.outputs[0], idx, self.buffers[x])  # same row-major offset
-        groups = None if self.flat else reshape_groups(x.shape, n.outputs[0].shape)
+        if self._reads_flat(x):
+            return self._flat_view().at(x, [linear_index(self.b, idx, n.outputs[0].shape)])
+        groups = reshape_groups(x.shape, n.outputs[0].shape)
         if groups is None:
             off = linear_index(self.b, idx, n.outputs[0].shape)
             return self.at(x, delinearize(self.b, off, x.shape))
@@ -229,6 +235,37 @@ class ElementEmitter:
                 self.memo[key] = delinearize(self.b, off, x.shape[i0:i1])
             src += self.memo[key]
         return self.at(x, src)
+
+    def _reads_flat(self, v: Value) -> bool:
+        """Whether v's element at a row-major offset reads each buffer behind it at that
+        same offset (or a single element): elementwise ops over operands of v's shape or
+        of one element, down to buffers, row registers and reshapes of such. A reshape of
+        one (GroupNorm's (N, C, H, W) sum viewed as (N, G, C/G*H*W) rows) is then read at
+        the row's offset, not through a division and a remainder per dim per element
+        (PoolFormer's 1-group norm rows of 56 x 56 x 64: 849 -> 140 us)."""
+        if v not in self._flat_reads:
+            p = v.producer
+            if v in self.registers or v in self.buffers:
+                ok = True
+            elif p is None:
+                ok = False
+            elif p.op == "const":
+                ok = p.attrs["value"].size == 1
+            elif p.op == "reshape":
+                ok = self._reads_flat(p.inputs[0])
+            else:
+                ok = p.opdef.family is Family.ELEMENTWISE and all(
+                    (u.type.size == 1 or u.shape == v.shape) and self._reads_flat(u)
+                    for u in p.inputs)
+            self._flat_reads[v] = ok
+        return self._flat_reads[v]
+
+    def _flat_view(self) -> ElementEmitter:
+        """This emitter's flat twin (same buffers, registers and fault word), made once."""
+        if self._flat_twin is None:
+            self._flat_twin = ElementEmitter(self.b, self.buffers, self.registers, flat=True,
+                                             faults=self.faults)
+        return self._flat_twin
 
     def _transpose(self, n, idx):
         perm = n.attrs["perm"]

@@ -87,6 +87,9 @@ class VectorEmitter(ElementEmitter):
     def index_at(self, v: Value, idx: list):
         return self.scalar.at(v, idx)
 
+    def _reads_flat(self, v: Value) -> bool:
+        return False  # its values are vectors along the last axis: reshapes map lane 0
+
     def load(self, v: Value, idx: list, base=None):
         off = linear_index(self.b, idx, v.shape)
         ptr = self.b.gep(self.buffers[v] if base is None else base, [off],

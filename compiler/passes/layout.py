@@ -225,9 +225,17 @@ def _check_sink_elementwise(node: Node, ctx: Context):
         return "no operand is a channels-last value"
     for u in node.inputs:
         if not ((_is_first(u) and len(u.shape) == rank)
-                or (const_value(u) is not None and len(u.shape) <= rank)):
-            return f"%{u.name} is neither channels-last nor a constant"
+                or (const_value(u) is not None and len(u.shape) <= rank)
+                or _per_sample(u, rank)):
+            return f"%{u.name} is neither channels-last, a constant nor one value per sample"
     return node
+
+
+def _per_sample(u: Value, rank: int) -> bool:
+    """Whether u holds one value per sample (N, 1, ..) or one in all, at most `rank` dims:
+    the same array in either layout (a norm's statistics)."""
+    return len(u.shape) <= rank and all(d == 1 for d in u.shape[1:]) and (
+        len(u.shape) == rank or u.type.size == 1)
 
 
 def _to_last_const(graph: Graph, before: Node, v: Value, rank: int) -> Value:
@@ -238,7 +246,8 @@ def _to_last_const(graph: Graph, before: Node, v: Value, rank: int) -> Value:
 
 def _rewrite_sink_elementwise(graph: Graph, node: Node, _match) -> Value:
     rank = len(node.outputs[0].shape)
-    ins = [u.producer.inputs[0] if _is_first(u) else _to_last_const(graph, node, u, rank)
+    ins = [u.producer.inputs[0] if _is_first(u) and len(u.shape) == rank else
+           u if const_value(u) is None else _to_last_const(graph, node, u, rank)
            for u in node.inputs]
     at = graph.nodes.index(node)
     y = graph.add_node(node.op, ins, dict(node.attrs), name=node.name, index=at).output
@@ -261,6 +270,151 @@ def _rewrite_sink_reduce(graph: Graph, node: Node, _match) -> Value:
     y = graph.add_node(node.op, [a], {**node.attrs, "axes": axes}, name=node.name,
                        index=at).output
     return graph.add_node("transpose", [y], {"perm": perm}, index=at + 1).output
+
+
+def _row_view(v: Value) -> tuple | None:
+    """(a, shape) if v = reshape(transpose(a, to_first), shape) of a channels-last `a`
+    with `shape` = (N, 1.., M): each sample's channels-first elements as one row (a
+    1-group GroupNorm's rows, a flatten before a norm over C, H and W); else None. The
+    row holds the same elements as reshape(a, shape), in another order."""
+    p = v.producer
+    if p is None or p.op != "reshape" or not _is_first(p.inputs[0]):
+        return None
+    a = p.inputs[0].producer.inputs[0]
+    shape = tuple(v.shape)
+    if len(shape) < 2 or shape[0] != a.shape[0] or any(d != 1 for d in shape[1:-1]):
+        return None
+    return a, shape
+
+
+def _row_broadcast(u: Value) -> bool:
+    """Whether u is the same for every element of a row: its last dim is 1 (a row's
+    statistic) or it has none."""
+    return not u.shape or u.shape[-1] == 1
+
+
+def _check_sink_row_elementwise(node: Node, ctx: Context):
+    out = node.outputs[0]
+    views = [_row_view(u) for u in node.inputs]
+    first = next((v for v in views if v is not None), None)
+    if first is None:
+        return "no operand is a channels-last row"
+    a, shape = first
+    if tuple(out.shape) != shape:
+        return "the result is not shaped as the rows"
+    for u, view in zip(node.inputs, views):
+        if view is None and not _row_broadcast(u):
+            return f"%{u.name} is neither a channels-last row nor the same along a row"
+        if view is not None and (tuple(view[0].shape), view[1]) != (tuple(a.shape), shape):
+            return f"%{u.name} orders its row another way"
+        if view is None and u.type.size != 1 and len(u.shape) != len(shape):
+            return f"%{u.name} differs per row but does not say which"
+    return views
+
+
+def _rewrite_sink_row_elementwise(graph: Graph, node: Node, views) -> Value:
+    """op(rows seen channels-first, row values) -> the same op over the channels-last
+    rows, seen channels-first: each row is the same elements in another order, and the
+    op pairs its operands element by element."""
+    at = graph.nodes.index(node)
+    ins = []
+    for u, view in zip(node.inputs, views):
+        if view is None:
+            ins.append(u)
+            continue
+        ins.append(graph.add_node("reshape", [view[0]], {"shape": view[1]}, index=at).output)
+        at += 1
+    a, shape = next(v for v in views if v is not None)
+    y = graph.add_node(node.op, ins, dict(node.attrs), name=node.name, index=at).output
+    x = graph.add_node("reshape", [y], {"shape": tuple(a.shape)}, index=at + 1).output
+    t = graph.add_node("transpose", [x], {"perm": to_first(len(a.shape))}, index=at + 2).output
+    return graph.add_node("reshape", [t], {"shape": shape}, index=at + 3).output
+
+
+def _check_unrow(node: Node, ctx: Context):
+    """reshape(op(rows), the rows' own shape): see _rewrite_unrow."""
+    y = node.inputs[0]
+    p = y.producer
+    shape = tuple(node.attrs["shape"])
+    if p is None or p.opdef.family is not Family.ELEMENTWISE:
+        return "not a reshape of an elementwise result"
+    rows = tuple(y.shape)
+    if len(rows) < 2 or any(d != 1 for d in rows[1:-1]) or not shape or shape[0] != rows[0]:
+        return "not a reshape of whole-sample rows"
+    if not _rows_of(y, shape, UNROW_DEPTH):
+        return ("not computed elementwise from rows of values of the reshaped shape and "
+                "one value per row")
+    return p
+
+
+# How many elementwise ops deep _rows_of looks (a norm's last step is two or three
+# ops from its input's rows).
+UNROW_DEPTH = 6
+
+
+def _rows_of(v: Value, shape: tuple, depth: int) -> bool:
+    """Whether v, of whole-sample rows, is reshape(x, rows) of an x of `shape`, or an
+    elementwise op of such rows and of values with one element per row (or in all)."""
+    p = v.producer
+    if p is None:
+        return False
+    if p.op == "reshape":
+        return tuple(p.inputs[0].shape) == shape
+    if depth == 0 or p.opdef.family is not Family.ELEMENTWISE:
+        return False
+    rows = tuple(v.shape)
+    full = False
+    for u in p.inputs:
+        if tuple(u.shape) == rows:
+            if not _rows_of(u, shape, depth - 1):
+                return False
+            full = True
+        elif not (_row_broadcast(u) and (u.type.size == 1 or len(u.shape) == len(rows))):
+            return False
+    return full
+
+
+def _rewrite_unrow(graph: Graph, node: Node, p: Node) -> Value:
+    """reshape(op(rows of x, row values), x's shape) -> op(x, row values reshaped): the
+    last step of a norm computed on rows (the rows the layout rules above made of
+    channels-last values) writes its result in x's shape itself, in a loop kernel of its
+    own (threaded, where the rows' kernel runs one row per thread), instead of a copy
+    after it; the row kernel keeps the statistics."""
+    shape = tuple(node.attrs["shape"])
+    rows = tuple(p.outputs[0].shape)
+    at = graph.nodes.index(node)
+    ins = []
+    for u in p.inputs:
+        if tuple(u.shape) == rows:
+            target = shape
+        elif u.type.size == 1 and len(u.shape) <= len(shape):
+            ins.append(u)
+            continue
+        else:
+            target = (u.shape[0] if u.type.size != 1 else 1,) + (1,) * (len(shape) - 1)
+        ins.append(graph.add_node("reshape", [u], {"shape": target}, index=at).output)
+        at += 1
+    return graph.add_node(p.op, ins, dict(p.attrs), name=p.name, index=at).output
+
+
+def _check_reduce_row(node: Node, ctx: Context):
+    view = _row_view(node.inputs[0])
+    if view is None:
+        return "the operand is not a channels-last row"
+    rank = len(view[1])
+    axes = {d % rank for d in node.attrs["axes"]}
+    if rank - 1 not in axes:
+        return "the rows are not reduced"
+    return view
+
+
+def _rewrite_reduce_row(graph: Graph, node: Node, view) -> Value:
+    """A reduction of whole rows reads them in any order: the channels-last rows."""
+    a, shape = view
+    at = graph.nodes.index(node)
+    x = graph.add_node("reshape", [a], {"shape": shape}, index=at).output
+    return graph.add_node(node.op, [x], dict(node.attrs), name=node.name,
+                          index=at + 1).output
 
 
 def _elementwise_ops() -> frozenset:
@@ -286,6 +440,10 @@ def channels_last(graph: Graph, eligible: Callable[[Node], str | None]) -> bool:
         Rule("view_slice", frozenset({"slice"}), _check_view_slice, _rewrite_view_slice),
         Rule("view_reshape", frozenset({"reshape"}), _check_view_reshape,
              _rewrite_view_reshape),
+        Rule("sink_row_elementwise", _elementwise_ops(), _check_sink_row_elementwise,
+             _rewrite_sink_row_elementwise),
+        Rule("reduce_row", frozenset(REDUCTIONS), _check_reduce_row, _rewrite_reduce_row),
+        Rule("unrow", frozenset({"reshape"}), _check_unrow, _rewrite_unrow),
     ]
     changed = False
     for _ in range(MAX_ROUNDS):

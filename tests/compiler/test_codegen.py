@@ -641,3 +641,34 @@ graph f(%a: f32[1,9,9,16], %b: f32[1,9,9,24]) -> (%y) {
     rng = np.random.default_rng(2)
     xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
     np.testing.assert_array_equal(CpuStep(cg).run(xs)[0], evaluate(g, xs)[0])
+
+
+# -- reading through reshapes --------------------------------------------------------
+
+_SAMPLE_ROWS = """
+graph rows(%x: f32[2,8,10,12], %y: f32[2,8,10,12]) -> (%d) {
+  %n = const() {value=dense<f32[]: [960.0]>} : f32[]
+  %s = add(%x, %y) : f32[2,8,10,12]
+  %r = reshape(%s) {shape=[2, 1, 960]} : f32[2,1,960]
+  %t = reduce_sum(%r) {axes=[2], keepdims=true} : f32[2,1,1]
+  %m = div(%t, %n) : f32[2,1,1]
+  %d = sub(%r, %m) : f32[2,1,960]
+}
+"""
+
+
+def test_a_reshaped_elementwise_value_is_read_at_its_row_offset():
+    """A 1-group GroupNorm's row: each sample's sum x + y viewed as one row. Its elements
+    read x and y at the row's own offset, with no division or remainder per element
+    (mapping the row's index to x's four dims and back took 849 us on PoolFormer's
+    56 x 56 x 64 rows, 140 us without)."""
+    g = parse_graph(_SAMPLE_ROWS)
+    compiled = compile_graph(g)
+    assert [k.kind for k in compiled.kernels] == ["row"]
+    ir_text = str(compiled.llvm_ir)
+    assert " udiv " not in ir_text and " urem " not in ir_text
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((2, 8, 10, 12)).astype(np.float32) for _ in range(2))
+    got = CpuStep(compiled).run([x, y])[0]
+    s = (x + y).reshape(2, 1, 960)
+    np.testing.assert_allclose(got, s - s.mean(axis=2, keepdims=True), rtol=1e-5, atol=1e-5)

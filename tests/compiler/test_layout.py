@@ -163,3 +163,84 @@ graph flat(%x: f32[1,4,6,6]) -> (%y) {
     reshape = next(n for n in g.nodes if n.op == "reshape")
     assert reshape.inputs[0].producer.op == "transpose"  # read in NCHW, as written
     np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-5, atol=1e-5)
+
+
+# A MetaFormer (PoolFormer) token mixer as the ONNX importer sees it, batch 2: a conv, a
+# 1-group GroupNorm (the sample flattened into one row: mean, variance, normalize, then
+# back to N,C,H,W and the per-channel affine), the pool-minus-input mixer, a 1x1 conv.
+WG = RNG.standard_normal((1, 8, 1, 1)).astype(np.float32)
+GROUP_NORM = """
+graph mixer(%x: f32[2,4,6,6]) -> (%y) {
+  %w1 = const() {value=@w1} : f32[8,4,3,3]
+  %w2 = const() {value=@w2} : f32[8,8,1,1]
+  %gamma = const() {value=@wg} : f32[1,8,1,1]
+  %n = const() {value=dense<f32[]: [288.0]>} : f32[]
+  %eps = const() {value=dense<f32[]: [1e-05]>} : f32[]
+  %c = conv(%x, %w1) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1} : f32[2,8,6,6]
+  %r = reshape(%c) {shape=[2, GROUPS, ROW]} : f32[2,GROUPS,ROW]
+  %s = reduce_sum(%r) {axes=[2], keepdims=true} : f32[2,GROUPS,1]
+  %mean = div(%s, %n) : f32[2,GROUPS,1]
+  %d = sub(%r, %mean) : f32[2,GROUPS,ROW]
+  %d2 = mul(%d, %d) : f32[2,GROUPS,ROW]
+  %v = reduce_sum(%d2) {axes=[2], keepdims=true} : f32[2,GROUPS,1]
+  %var = div(%v, %n) : f32[2,GROUPS,1]
+  %ve = add(%var, %eps) : f32[2,GROUPS,1]
+  %sd = sqrt(%ve) : f32[2,GROUPS,1]
+  %rstd = reciprocal(%sd) : f32[2,GROUPS,1]
+  %z = mul(%d, %rstd) : f32[2,GROUPS,ROW]
+  %back = reshape(%z) {shape=[2, 8, 6, 6]} : f32[2,8,6,6]
+  %g = mul(%back, %gamma) : f32[2,8,6,6]
+  %p = avg_pool(%g) {kernel=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], count_include_pad=false} : f32[2,8,6,6]
+  %m = sub(%p, %g) : f32[2,8,6,6]
+  %y = conv(%m, %w2) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1} : f32[2,8,6,6]
+}
+"""
+
+
+def _group_norm(groups: int):
+    text = GROUP_NORM.replace("GROUPS", str(groups)).replace("ROW", str(288 // groups))
+    if groups != 1:
+        text = text.replace("[288.0]", f"[{288 // groups}.0]")
+    return parse_graph(text, {"w1": W1, "w2": W2, "wg": WG})
+
+
+def test_a_one_group_norm_between_convs_stays_channels_last():
+    """Its rows hold a whole sample, in any order: the statistics reduce the channels-last
+    values' rows, the normalized values keep the channels-last shape, and nothing but the
+    graph's input and output is transposed."""
+    g = _group_norm(1)
+    assert channels_last(g, channels_last_refusal)
+    verify(g)
+    perms = sorted(tuple(n.attrs["perm"]) for n in g.nodes if n.op == "transpose")
+    assert perms == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    assert all(n.attrs["layout"] == "NHWC" for n in g.nodes if n.op in ("conv", "avg_pool"))
+    for red in (n for n in g.nodes if n.op == "reduce_sum"):
+        row = red.inputs[0]
+        assert row.shape == (2, 1, 288) and row.producer.op in ("reshape", "mul")
+    affine = next(n for n in g.nodes if n.op == "mul" and n.inputs[1].producer.op == "const")
+    assert affine.outputs[0].shape == (2, 6, 6, 8)
+    # the norm's last step writes the channels-last shape itself, not a row then a copy
+    z = affine.inputs[0].producer
+    assert z.op == "mul" and z.outputs[0].shape == (2, 6, 6, 8)
+    assert [u.shape for u in z.inputs] == [(2, 6, 6, 8), (2, 1, 1, 1)]
+
+
+def test_a_one_group_norm_computes_the_same():
+    x = RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    want = evaluate(_group_norm(1), [x])[0]
+    g = _group_norm(1)
+    channels_last(g, channels_last_refusal)
+    np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_norm_over_channel_groups_keeps_its_rows_channels_first():
+    """Two groups: a group's elements are every other run of channels in N,H,W,C, not a
+    channels-last row; the rules leave them read through the transpose."""
+    x = RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    want = evaluate(_group_norm(2), [x])[0]
+    g = _group_norm(2)
+    channels_last(g, channels_last_refusal)
+    verify(g)
+    first = next(n for n in g.nodes if n.op == "reshape" and n.outputs[0].shape == (2, 2, 144))
+    assert first.inputs[0].producer.op == "transpose"
+    np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-4, atol=1e-4)
