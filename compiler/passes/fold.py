@@ -248,7 +248,49 @@ def rewrite_sub(graph: Graph, node: Node, c: np.ndarray) -> None:
     graph.set_input(node, 1, new_const(graph, node, neg, node.inputs[1].name + ".neg"))
 
 
+def spatial_axes(node: Node) -> list[int]:
+    """The spatial dims of a conv's or pool's input, in its layout."""
+    rank = len(node.inputs[0].shape)
+    return list(range(1, rank - 1)) if node.attrs.get("layout") == "NHWC" else \
+        list(range(2, rank))
+
+
+def check_pad_into_window(node: Node, ctx: Context):
+    x = node.inputs[0]
+    p = x.producer
+    if p is None or p.op != "pad":
+        return "the input is not padded by a pad op"
+    if node.op == "avg_pool" and not node.attrs.get("count_include_pad"):
+        return "an average that leaves padding out of its count would count the zeros"
+    a = p.attrs
+    if a["mode"] != "constant" or float(a["value"]) != 0.0:
+        return f"a {a['mode']} pad by {a['value']}, not by zeros"
+    rank = len(x.shape)
+    begin, end = a["pads"][:rank], a["pads"][rank:]
+    axes = spatial_axes(node)
+    if any(b < 0 or e < 0 for b, e in zip(begin, end)):
+        return "a negative pad (a crop)"
+    if any((begin[d] or end[d]) for d in range(rank) if d not in axes):
+        return "the pad reaches beyond the spatial dims"
+    return begin, end, axes
+
+
+def rewrite_pad_into_window(graph: Graph, node: Node, match) -> None:
+    """conv(pad(x, zeros)) -> conv(x) with the pad added to its own (a TensorFlow
+    export's SAME padding, an explicit F.pad before a conv): the window kernels test
+    their taps against the image's edges anyway, where the pad op was a copy."""
+    begin, end, axes = match
+    pads = node.attrs["pads"]
+    s = len(axes)
+    node.attrs = {**node.attrs,
+                  "pads": tuple([pads[i] + begin[d] for i, d in enumerate(axes)]
+                                + [pads[s + i] + end[d] for i, d in enumerate(axes)])}
+    graph.set_input(node, 0, node.inputs[0].producer.inputs[0])
+
+
 RULES = [
+    Rule("pad_into_window", frozenset({"conv", "avg_pool"}), check_pad_into_window,
+         rewrite_pad_into_window),
     Rule("sub_as_add", frozenset({"sub"}), check_sub, rewrite_sub),
     Rule("conv_affine", frozenset({"mul", "add"}), check_conv, rewrite_conv),
     Rule("matmul_mul", frozenset({"mul"}), check_matmul, rewrite_matmul),

@@ -417,6 +417,29 @@ def _rewrite_reduce_row(graph: Graph, node: Node, view) -> Value:
                           index=at + 1).output
 
 
+def _check_sink_pad(node: Node, ctx: Context):
+    if not _is_first(node.inputs[0]):
+        return "the operand is not a channels-last value"
+    return node
+
+
+def _rewrite_sink_pad(graph: Graph, node: Node, _match) -> Value:
+    """pad(T_first(a)) -> T_first(pad(a)), each dim's pads moved with it (any mode: a
+    pad treats each dim on its own). A pad between convs (a TensorFlow export's, reflect
+    padding in an image-to-image net) then keeps the chain channels-last."""
+    a = node.inputs[0].producer.inputs[0]
+    rank = len(a.shape)
+    perm = to_first(rank)
+    pads = node.attrs["pads"]
+    moved = [0] * (2 * rank)
+    for i, d in enumerate(perm):
+        moved[d], moved[rank + d] = pads[i], pads[rank + i]
+    at = graph.nodes.index(node)
+    y = graph.add_node("pad", [a], {**node.attrs, "pads": tuple(moved)}, name=node.name,
+                       index=at).output
+    return graph.add_node("transpose", [y], {"perm": perm}, index=at + 1).output
+
+
 def _elementwise_ops() -> frozenset:
     from compiler.ops import ops_in
 
@@ -443,6 +466,7 @@ def channels_last(graph: Graph, eligible: Callable[[Node], str | None]) -> bool:
         Rule("sink_row_elementwise", _elementwise_ops(), _check_sink_row_elementwise,
              _rewrite_sink_row_elementwise),
         Rule("reduce_row", frozenset(REDUCTIONS), _check_reduce_row, _rewrite_reduce_row),
+        Rule("sink_transpose_pad", frozenset({"pad"}), _check_sink_pad, _rewrite_sink_pad),
         Rule("unrow", frozenset({"reshape"}), _check_unrow, _rewrite_unrow),
     ]
     changed = False

@@ -244,3 +244,26 @@ def test_a_norm_over_channel_groups_keeps_its_rows_channels_first():
     first = next(n for n in g.nodes if n.op == "reshape" and n.outputs[0].shape == (2, 2, 144))
     assert first.inputs[0].producer.op == "transpose"
     np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pad_between_convs_moves_with_the_layout():
+    """A reflect pad between convs (an image-to-image net's): padded channels-last, its
+    pads moved to N,H,W,C's dims, with no transpose around it."""
+    g = parse_graph("""
+graph refl(%x: f32[1,4,6,6]) -> (%y) {
+  %w1 = const() {value=@w1} : f32[8,4,3,3]
+  %w2 = const() {value=@w2} : f32[8,8,1,1]
+  %c = conv(%x, %w1) {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1} : f32[1,8,6,6]
+  %p = pad(%c) {pads=[0, 0, 1, 2, 0, 0, 3, 0], mode="reflect"} : f32[1,8,10,8]
+  %y = conv(%p, %w2) {strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1} : f32[1,8,10,8]
+}
+""", {"w1": W1, "w2": W2})
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = evaluate(g, [x])[0]
+    assert channels_last(g, channels_last_refusal)
+    verify(g)
+    perms = sorted(tuple(n.attrs["perm"]) for n in g.nodes if n.op == "transpose")
+    assert perms == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    pad = next(n for n in g.nodes if n.op == "pad" and n.attrs["mode"] == "reflect")
+    assert tuple(pad.attrs["pads"]) == (0, 1, 2, 0, 0, 3, 0, 0)
+    np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-5, atol=1e-5)

@@ -260,3 +260,51 @@ graph main(%x: f32[3]) -> (%y) {
 }""")
     folded(g, [np.zeros(3, np.float32)])  # 0 * 1e30 * 1e30 is 0; 0 * inf would be NaN
     assert ops(g) == ["mul", "mul", "exp"]
+
+
+def _padded_window(op: str, mode="constant", value=0.0, pads=(0, 0, 0, 1, 0, 0, 1, 2),
+                   **attrs) -> Graph:
+    """pad(x) then a stride-2 3x3 conv (or pool) with pads of its own: a TensorFlow
+    export's SAME padding, F.pad before a conv."""
+    rng = np.random.default_rng(3)
+    g = Graph()
+    x = g.add_input("x", TensorType("f32", (2, 3, 7, 7)))
+    p = g.op("pad", x, pads=pads, mode=mode, value=value)
+    if op == "conv":
+        w = g.const(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+        y = g.op("conv", p, w, strides=(2, 2), pads=(1, 0, 0, 1), dilations=(1, 1))
+    else:
+        y = g.op(op, p, kernel=(3, 3), strides=(2, 2), pads=(1, 0, 0, 1), dilations=(1, 1),
+                 **attrs)
+    g.outputs = [y]
+    return g
+
+
+def _x7():
+    return [np.random.default_rng(4).standard_normal((2, 3, 7, 7)).astype(np.float32)]
+
+
+@pytest.mark.parametrize("op,attrs", [("conv", {}), ("avg_pool", {"count_include_pad": True})])
+def test_a_zero_pad_folds_into_the_window_after_it(op, attrs):
+    g = folded(_padded_window(op, **attrs), _x7())
+    assert ops(g) == [op]
+    window = next(n for n in g.nodes if n.op == op)
+    # (top, left, bottom, right) + the pad's (H begin, W begin, H end, W end)
+    assert tuple(window.attrs["pads"]) == (1 + 0, 0 + 1, 0 + 1, 1 + 2)
+
+
+@pytest.mark.parametrize("op,kw,why", [
+    ("conv", {"mode": "reflect"}, "reflect pad"),
+    ("conv", {"value": 1.0}, "pad by 1.0"),
+    ("conv", {"pads": (1, 0, 0, 1, 0, 0, 1, 2)}, "a pad of the batch"),
+    ("avg_pool", {"count_include_pad": False}, "count"),
+    ("max_pool", {}, "not by zeros"),
+])
+def test_other_pads_stay(op, kw, why):
+    """What the window's own pads cannot say: other modes or values, pads of other dims,
+    an average that leaves padding out of its count, a max pool's -inf."""
+    pads = kw.pop("pads", (0, 0, 0, 1, 0, 0, 1, 2))
+    if op == "max_pool":
+        kw["value"] = -np.inf
+    g = folded(_padded_window(op, pads=pads, **kw), _x7())
+    assert "pad" in ops(g), why
