@@ -491,6 +491,7 @@ def _materialize_shared(kernels: list[Kernel], reasons: dict, notes: dict,
             reasons[v] = f"reduction read by {c} kernels: computed once"
         elif costly or ops > INLINE_COST:
             why = "an expensive op" if costly else f"{ops} ops (> INLINE_COST={INLINE_COST})"
+            v = _stored(v, materialized)
             reasons[v] = f"read by {c} kernels and costly to recompute ({why})"
         else:
             notes[v] = f"read by {c} kernels; {ops} ops, cheaper to recompute than to store"
@@ -530,10 +531,27 @@ def _materialize_repeated(kernels: list[Kernel], reasons: dict) -> bool:
                     continue
                 ops, costly = _cost(v, materialized, memo)
                 if costly or ops > INLINE_COST:
-                    reasons[v] = (f"read along {n} paths per element of the kernel of "
-                                  f"%{k.root.name} and costly to recompute")
+                    reasons[_stored(v, materialized)] = (
+                        f"read along {n} paths per element of the kernel of "
+                        f"%{k.root.name} and costly to recompute")
                     return True
     return False
+
+
+def _stored(v: Value, materialized: set) -> Value:
+    """Where a value chosen for a buffer because it is shared or read along several paths
+    gets it: for a reshape, its input (computed by an op and not stored yet), since the
+    reshape then reads that buffer at the same offsets for free, and the kernel writing
+    it runs over the input's own shape. Funnel's relative shift under torch.compile
+    wrote a 2-d concat through a reshape to 1-d: each element's flat index split back
+    into the concat's rows and columns, 1.4 ms for 391680 elements."""
+    p = v.producer
+    while p is not None and p.op == "reshape":
+        x = p.inputs[0]
+        if x in materialized or x.producer is None or x.producer.op == "const":
+            break
+        v, p = x, x.producer
+    return v
 
 
 def _pass_starts(k: Kernel) -> list[list[Value]]:

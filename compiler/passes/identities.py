@@ -40,7 +40,10 @@ torch's out[:, t] = h, ONNX ScatterND) is a gather from concat(x, updates); a lo
 them (RWKV's 128 time steps, each writing its row of the output) chained 128 gathers,
 and every element of the last one walked back through all of them. Each gather becomes
 a concat of the rows written so far and the rest of x: the chain collapses to one
-concat of the rows.
+concat of the rows. An index whose runs are too many but repeat one pattern row after
+row, each stretch of a row moving by its own step per row (the scatter of a strided
+view: torch's x.view(r, w)[:, :k] *= m, Funnel's relative shift), is one concat along
+the rows of 2-d strided views of the pieces (reshape to rows of the step, slice).
 
 Strength reduction of float pow by a constant small integer (the one family here that
 may move a result by a rounding): x ** 2 -> x * x, x ** 3 -> (x * x) * x,
@@ -57,6 +60,8 @@ vector division costs ~10 cycles of throughput in a GEMM epilogue, a multiply 0.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -388,6 +393,9 @@ def check_constant_gather(node: Node, ctx: Context):
     breaks = np.flatnonzero((np.diff(idx) != 1) | (np.diff(which) != 0)) + 1
     runs = len(breaks) + 1
     if runs > MAX_GATHER_RUNS or runs * MIN_GATHER_RUN > idx.size:
+        rows = _periodic_runs(idx, which, breaks, pieces, ends)
+        if rows is not None:
+            return rows
         return f"{runs} runs of consecutive indices over {idx.size}: too short to slice"
     out = []
     for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [idx.size]])):
@@ -400,8 +408,102 @@ def check_constant_gather(node: Node, ctx: Context):
     return out
 
 
+# Row lengths tried for a periodic index (the first breaks between its runs), and the
+# most column stretches a row may have.
+PERIODIC_CANDIDATES = 16
+PERIODIC_MAX_SEGMENTS = 64
+
+
+@dataclass(frozen=True)
+class _Stretch:
+    """Columns [c0, c0 + width) of every row of a periodic gather: row r reads
+    piece[start + r * step + j] for j < width."""
+
+    piece: Value
+    start: int
+    step: int
+    width: int
+
+
+def _periodic_runs(idx: np.ndarray, which: np.ndarray, breaks: np.ndarray, pieces,
+                   ends) -> tuple[int, list[_Stretch]] | None:
+    """(rows, stretches) when idx, cut into rows of one length, repeats one pattern of
+    stretches row after row, each stretch moving by its own step per row (torch's
+    x[..., :k] *= m on a view: the scatter of a strided view writes a stretch of each row
+    of x's storage and keeps the rest); else None. Then the gather is one concat of 2-d
+    strided views of its pieces along the rows, whatever the number of rows."""
+    n = idx.size
+    if not len(breaks):
+        return None
+    early = breaks[:PERIODIC_CANDIDATES]
+    # a row ends at a break, or (where a run goes on across rows) is the distance from
+    # the first break to a later one
+    for length in dict.fromkeys(int(b) for b in np.concatenate([early, early[1:] - early[0]])):
+        if n % length or n // length < 2:
+            continue
+        rows = n // length
+        grid, owner = idx.reshape(rows, length), which.reshape(rows, length)
+        step = grid[1] - grid[0]
+        if not (owner == owner[0]).all() or not (np.diff(grid, axis=0) == step).all():
+            continue
+        first = grid[0]
+        cut = np.flatnonzero((np.diff(first) != 1) | (np.diff(owner[0]) != 0)
+                             | (np.diff(step) != 0)) + 1
+        if (len(cut) + 1) > PERIODIC_MAX_SEGMENTS or (len(cut) + 1) * MIN_GATHER_RUN > length:
+            continue
+        stretches = []
+        for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [length]])):
+            k = int(owner[0][a])
+            u, start, size = pieces[k]
+            at = int(ends[k]) - size
+            d, w = int(step[a]), int(b - a)
+            if d < w:  # rows that overlap or run backwards: no 2-d view
+                break
+            stretches.append(_Stretch(u, start + int(first[a]) - at, d, w))
+        else:
+            return rows, stretches
+    return None
+
+
+def _strided_rows(graph: Graph, at: int, s: _Stretch, rows: int) -> tuple[Value, int]:
+    """s as a (rows, width) value: its piece reshaped to rows of `step` (padded or cut to
+    whole rows), then sliced. Returns it and the next free node index."""
+    q, c = divmod(s.start, s.step)
+    u = s.piece
+    need, have = (q + rows) * s.step, u.shape[0]
+
+    def add(op, x, **attrs):
+        nonlocal at
+        at += 1
+        return graph.add_node(op, [x], attrs, index=at - 1).output
+
+    if c + s.width > s.step:  # the stretch wraps into the next row: start rows at it
+        q, c = 0, 0
+        u = add("slice", u, starts=(s.start,), steps=(1,), sizes=(have - s.start,))
+        need, have = rows * s.step, have - s.start
+    if need > have:
+        u = add("pad", u, pads=(0, need - have), mode="constant", value=0.0)
+    elif need < have:
+        u = add("slice", u, starts=(0,), steps=(1,), sizes=(need,))
+    x = add("reshape", u, shape=(q + rows, s.step))
+    if (q, c, rows, s.width) != (0, 0, q + rows, s.step):
+        x = add("slice", x, starts=(q, c), steps=(1, 1), sizes=(rows, s.width))
+    return x, at
+
+
 def rewrite_constant_gather(graph: Graph, node: Node, runs) -> Value:
     at = graph.nodes.index(node)  # new nodes go just before the gather, in order
+    if isinstance(runs, tuple):  # periodic: rows of strided stretches
+        rows, stretches = runs
+        parts = []
+        for s in stretches:
+            x, at = _strided_rows(graph, at, s, rows)
+            parts.append(x)
+        grid = parts[0] if len(parts) == 1 else \
+            graph.add_node("concat", parts, {"axis": 1}, index=at).output
+        at += len(parts) > 1
+        return graph.add_node("reshape", [grid], {"shape": tuple(node.outputs[0].shape)},
+                              index=at).output
     parts = []
     for u, start, size in runs:
         if start == 0 and size == u.shape[0]:

@@ -539,3 +539,23 @@ graph t(%x: f32[{",".join(map(str, shape))}]) -> (%y) {{
     for threads in (1, 2):
         y, = CpuStep(program, threads=threads).run([x])
         np.testing.assert_array_equal(y, np.transpose(x, perm))
+
+
+def test_a_shared_reshape_stores_its_input():
+    """A reshape to 1-d of a costly 2-d value read by two kernels: the 2-d value gets the
+    buffer (its kernel runs over its own rows) and both readers read it through the
+    reshape, at the same offsets; the reshape gets none."""
+    g = _graph("""
+graph shared_view(%x: f32[64,40], %y: f32[2560]) -> (%o1, %o2) {
+  %e = exp(%x) : f32[64,40]
+  %t = tanh(%e) : f32[64,40]
+  %f = reshape(%t) {shape=[2560]} : f32[2560]
+  %o1 = add(%f, %y) : f32[2560]
+  %o2 = mul(%f, %y) : f32[2560]
+}
+""")
+    p = plan(g)
+    reasons = {v.name: r for v, r in p.reasons.items()}
+    assert "costly to recompute" in reasons["t"] and "f" not in reasons
+    assert next(k for k in p.kernels if k.root.name == "t").root.shape == (64, 40)
+    _check_numbers(g)

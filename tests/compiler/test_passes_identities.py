@@ -433,3 +433,62 @@ def test_constant_gathers_slice_only_long_runs_in_range(index, stays):
     assert any(n.op == "gather" for n in g.nodes) == stays
     if want is not None:
         np.testing.assert_array_equal(evaluate(g, xs)[0], want)
+
+
+def _strided_write(rows: int, width: int, kept: int, lead: int = 0) -> tuple[Graph, list]:
+    """torch's x.view(rows, width)[:, lead:lead + kept] *= m after functionalization: an
+    as_strided_scatter of the product into x's storage, a gather from concat(x, update)
+    (importers/fx_misc.py) whose index switches source twice per row."""
+    g = Graph("strided")
+    x = g.add_input("x", TensorType("f32", (rows * width,)))
+    m = g.add_input("m", TensorType("f32", (kept,)))
+    view = g.op("slice", g.op("reshape", x, shape=(rows, width)), starts=(0, lead),
+                steps=(1, 1), sizes=(rows, kept))
+    update = g.op("reshape", g.op("mul", view, m), shape=(rows * kept,))
+    source = np.arange(rows * width, dtype=np.int64).reshape(rows, width)
+    source[:, lead:lead + kept] = rows * width + np.arange(rows * kept).reshape(rows, kept)
+    both = g.op("concat", x, update, axis=0)
+    g.outputs = [g.op("exp", g.op("gather", both, g.const(source.reshape(-1), "source"),
+                                  axis=0))]
+    rng = np.random.default_rng(2)
+    return g, [rng.standard_normal(rows * width).astype(np.float32),
+               rng.standard_normal(kept).astype(np.float32)]
+
+
+@pytest.mark.parametrize("rows,width,kept,lead", [
+    (1536, 255, 128, 0),  # Funnel's relative shift: 3072 runs, two per row
+    (700, 40, 24, 8),  # a stretch kept on each side
+    (600, 16, 15, 1),  # short rows
+])
+def test_a_strided_write_becomes_one_concat_of_rows(rows, width, kept, lead):
+    g, xs = _strided_write(rows, width, kept, lead)
+    want = evaluate(g, xs)[0]
+    simplify_identities(g)
+    remove_dead(g)
+    verify(g)
+    assert not any(n.op == "gather" for n in g.nodes)
+    cat = next(n for n in g.nodes if n.op == "concat" and n.attrs["axis"] == 1)
+    assert [u.shape for u in cat.inputs] == [s for s in [(rows, lead), (rows, kept),
+                                                         (rows, width - lead - kept)] if s[1]]
+    np.testing.assert_array_equal(evaluate(g, xs)[0], want)
+
+
+def test_an_index_without_a_row_pattern_stays_a_gather():
+    """Runs of 16 whose sources move by uneven steps from row to row: no 2-d view."""
+    starts = np.random.default_rng(3).permutation(2000)[:1600] * 8
+    index = (starts[:, None] + np.arange(16)).reshape(-1)
+    g = Graph("g")
+    x = g.add_input("x", TensorType("f32", (16016,)))
+    g.outputs = [g.op("gather", x, g.const(index.astype(np.int64)), axis=0)]
+    simplify_identities(g)
+    assert any(n.op == "gather" for n in g.nodes)
+
+
+def test_a_short_gather_of_one_run_stays():
+    """Fewer elements than one run needs to be worth a slice, and no break between runs
+    to look for rows at."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType("f32", (8,)))
+    g.outputs = [g.op("gather", x, g.const(np.arange(2, 5, dtype=np.int64)), axis=0)]
+    simplify_identities(g)
+    assert any(n.op == "gather" for n in g.nodes)
