@@ -544,7 +544,8 @@ def _stored(v: Value, materialized: set) -> Value:
     reshape then reads that buffer at the same offsets for free, and the kernel writing
     it runs over the input's own shape. Funnel's relative shift under torch.compile
     wrote a 2-d concat through a reshape to 1-d: each element's flat index split back
-    into the concat's rows and columns, 1.4 ms for 391680 elements."""
+    into the concat's rows and columns, 1.4 ms for 391680 elements (0.39 ms stored as
+    the concat)."""
     p = v.producer
     while p is not None and p.op == "reshape":
         x = p.inputs[0]
