@@ -491,6 +491,35 @@ def test_group_norm_compiles(groups, channels, shape, caplog):
     assert not [r for r in caplog.records if "runs on torch" in r.getMessage()]
 
 
+class _PoolMixer(nn.Module):
+    """A PoolFormer block's token mixer between convs: GroupNorm(1, C), avg pool - x."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = nn.GroupNorm(1, 16)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.b = nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        z = self.norm(y)
+        return self.b(y + self.pool(z) - z)
+
+
+def test_a_one_group_norm_between_convs_runs_channels_last(tmp_path):
+    """Through torch's native_group_norm: the norm, the pool and the convs all run on the
+    channels-last values, transposed only at the graph's edges."""
+    torch.manual_seed(0)
+    m = _PoolMixer().eval()
+    nn.init.normal_(m.norm.weight)
+    nn.init.normal_(m.norm.bias)
+    check_inference(m, torch.randn(2, 3, 10, 12), allow_fallback=False,
+                    dump_dir=str(tmp_path))
+    opt = next(p for p in tmp_path.iterdir() if p.name.endswith(".opt.ir")).read_text()
+    assert opt.count(" = transpose(") == 2, opt
+
+
 def test_group_norm_training_step_matches_eager():
     torch.manual_seed(0)
     make = lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.ReLU())  # noqa: E731
