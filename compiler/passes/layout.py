@@ -27,6 +27,21 @@ and the spatial dims and only touches channel dims moves inside the view:
 so a channel shuffle, reshape(transpose(reshape(x, N,g,C/g,H,W))), becomes the same
 three ops over the last dims of the NHWC value and the transposes around it cancel.
 
+A sample flattened into one row, R(a) = reshape(T_first(a), (N, 1.., M)) (a 1-group
+GroupNorm, a norm over C, H and W), holds the same elements as reshape(a, (N, 1.., M)),
+in another order. Ops that pair elements or reduce whole rows do not see the order:
+
+  ew(R(a), R(b), per-row values)         -> R'(ew(rows of a, rows of b, those values))
+  reduce(R(a), axes with the last)       -> reduce(rows of a, the same axes)
+  reshape(ew(rows of x, per-row values), x's shape)
+                                         -> ew(x, the values reshaped to (N, 1, ..))
+
+(R' = reshape(T_first(reshape(., a's shape)))), so the statistics reduce NHWC rows, the
+norm's last step writes the NHWC shape, and T_first sinks on through what follows. A
+value with one element per sample, (N, 1, .., 1), passes an elementwise sink as it is
+(the same array in either layout), and a pad moves its pads with the dims:
+pad(T_first(a)) -> T_first(pad(a, permuted pads)).
+
 A ResNet is then one transpose of the image in, and the pooled features out
 (where the transpose only moves 1-sized dims: a reshape). The pass runs for a
 target, before clustering (compiler/driver.py, TARGET_PASSES), not in the generic pipeline:
