@@ -40,7 +40,14 @@ in another order. Ops that pair elements or reduce whole rows do not see the ord
 norm's last step writes the NHWC shape, and T_first sinks on through what follows. A
 value with one element per sample, (N, 1, .., 1), passes an elementwise sink as it is
 (the same array in either layout), and a pad moves its pads with the dims:
-pad(T_first(a)) -> T_first(pad(a, permuted pads)).
+pad(T_first(a)) -> T_first(pad(a, permuted pads)). With G > 1 channel groups,
+Rg(a) = reshape(T_first(a), (N, G, M)) is not a row of `a` (a group is every G-th run
+of C / G channels), so:
+
+  ew(Rg(a), Rg(b), per-group values)     -> Rg'(ew(a, b, each value repeated over its
+                                            group's channels: (N, 1.., C)))
+  reduce(Rg(a), the last axis)           -> reduce(reshape(reduce(a, spatial dims),
+                                            (N, G, C / G)), the last axis)
 
 A ResNet is then one transpose of the image in, and the pooled features out
 (where the transpose only moves 1-sized dims: a reshape). The pass runs for a
@@ -432,6 +439,95 @@ def _rewrite_reduce_row(graph: Graph, node: Node, view) -> Value:
                           index=at + 1).output
 
 
+def _group_view(v: Value) -> tuple | None:
+    """(a, groups) if v = reshape(transpose(a, to_first), (N, G, M)) of a channels-last
+    `a` (N, spatial.., C) with G > 1 groups of C / G channels, M their elements per
+    sample (GroupNorm's rows); else None. In N,spatial..,C a group is every G-th run of
+    C / G channels, not a row: its ops run on `a` itself, its reductions over the
+    spatial dims (by columns, per channel) and then over the group's channels."""
+    p = v.producer
+    if p is None or p.op != "reshape" or not _is_first(p.inputs[0]):
+        return None
+    a = p.inputs[0].producer.inputs[0]
+    shape = tuple(v.shape)
+    c = a.shape[-1]
+    if len(shape) != 3 or shape[0] != a.shape[0] or shape[1] <= 1 or c % shape[1]:
+        return None
+    return a, shape[1]
+
+
+def _per_group(u: Value, n: int, groups: int) -> bool:
+    """Whether u holds one value per (sample, group): shape (N or 1, G, 1)."""
+    return len(u.shape) == 3 and u.shape[0] in (1, n) and u.shape[1:] == (groups, 1)
+
+
+def _check_sink_group_elementwise(node: Node, ctx: Context):
+    views = [_group_view(u) for u in node.inputs]
+    first = next((v for v in views if v is not None), None)
+    if first is None:
+        return "no operand is channels-last values seen as channel groups"
+    a, groups = first
+    n = a.shape[0]
+    if tuple(node.outputs[0].shape) != tuple(node.inputs[views.index(first)].shape):
+        return "the result is not shaped as the groups"
+    for u, view in zip(node.inputs, views):
+        if view is not None and (tuple(view[0].shape), view[1]) != (tuple(a.shape), groups):
+            return f"%{u.name} groups other values"
+        if view is None and not (_per_group(u, n, groups)
+                                 or (u.type.size == 1 and len(u.shape) <= len(a.shape))):
+            return f"%{u.name} is neither grouped values nor one value per group"
+    return views
+
+
+def _rewrite_sink_group_elementwise(graph: Graph, node: Node, views) -> Value:
+    """op(groups seen channels-first, per-group values) -> op(the channels-last values,
+    each group's value repeated over its channels), seen as groups again."""
+    a, groups = next(v for v in views if v is not None)
+    rank, c = len(a.shape), a.shape[-1]
+    at = graph.nodes.index(node)
+    ins = []
+    for u, view in zip(node.inputs, views):
+        if view is not None:
+            ins.append(a if view[0] is a else view[0])
+            continue
+        if u.type.size == 1:
+            ins.append(u)
+            continue
+        lead = (u.shape[0],) + (1,) * (rank - 2)
+        x = graph.add_node("reshape", [u], {"shape": lead + (groups, 1)}, index=at).output
+        x = graph.add_node("broadcast", [x], {"shape": lead + (groups, c // groups)},
+                           index=at + 1).output
+        ins.append(graph.add_node("reshape", [x], {"shape": lead + (c,)}, index=at + 2).output)
+        at += 3
+    y = graph.add_node(node.op, ins, dict(node.attrs), name=node.name, index=at).output
+    t = graph.add_node("transpose", [y], {"perm": to_first(rank)}, index=at + 1).output
+    return graph.add_node("reshape", [t], {"shape": tuple(node.outputs[0].shape)},
+                          index=at + 2).output
+
+
+def _check_reduce_groups(node: Node, ctx: Context):
+    view = _group_view(node.inputs[0])
+    if view is None:
+        return "the operand is not channels-last values seen as channel groups"
+    if {d % 3 for d in node.attrs["axes"]} != {2}:
+        return "not a reduction of each group's elements"
+    return view
+
+
+def _rewrite_reduce_groups(graph: Graph, node: Node, view) -> Value:
+    """reduce(groups) -> reduce over the spatial dims per channel (by columns, the
+    channels contiguous), then over each group's channels."""
+    a, groups = view
+    rank, n, c = len(a.shape), a.shape[0], a.shape[-1]
+    at = graph.nodes.index(node)
+    per_channel = graph.add_node(node.op, [a], {**node.attrs, "axes": tuple(range(1, rank - 1)),
+                                                "keepdims": True}, index=at).output
+    x = graph.add_node("reshape", [per_channel], {"shape": (n, groups, c // groups)},
+                       index=at + 1).output
+    return graph.add_node(node.op, [x], {**node.attrs, "axes": (2,)}, name=node.name,
+                          index=at + 2).output
+
+
 def _check_sink_pad(node: Node, ctx: Context):
     if not _is_first(node.inputs[0]):
         return "the operand is not a channels-last value"
@@ -482,6 +578,10 @@ def channels_last(graph: Graph, eligible: Callable[[Node], str | None]) -> bool:
              _rewrite_sink_row_elementwise),
         Rule("reduce_row", frozenset(REDUCTIONS), _check_reduce_row, _rewrite_reduce_row),
         Rule("sink_transpose_pad", frozenset({"pad"}), _check_sink_pad, _rewrite_sink_pad),
+        Rule("sink_group_elementwise", _elementwise_ops(), _check_sink_group_elementwise,
+             _rewrite_sink_group_elementwise),
+        Rule("reduce_groups", frozenset(REDUCTIONS), _check_reduce_groups,
+             _rewrite_reduce_groups),
         Rule("unrow", frozenset({"reshape"}), _check_unrow, _rewrite_unrow),
     ]
     changed = False

@@ -559,3 +559,24 @@ graph shared_view(%x: f32[64,40], %y: f32[2560]) -> (%o1, %o2) {
     assert "costly to recompute" in reasons["t"] and "f" not in reasons
     assert next(k for k in p.kernels if k.root.name == "t").root.shape == (64, 40)
     _check_numbers(g)
+
+
+def test_a_small_value_repeated_by_movement_is_stored_once():
+    """Per-group values repeated over each group's channels (reshape, broadcast,
+    reshape) and read by a loop over every pixel: stored once per channel, so the big
+    loop reads a per-channel row instead of splitting each channel index per element."""
+    g = _graph("""
+graph per_channel(%x: f32[1,32,32,64], %s: f32[1,8,1]) -> (%y) {
+  %e = exp(%s) : f32[1,8,1]
+  %a = reshape(%e) {shape=[1, 1, 1, 8, 1]} : f32[1,1,1,8,1]
+  %b = broadcast(%a) {shape=[1, 1, 1, 8, 8]} : f32[1,1,1,8,8]
+  %c = reshape(%b) {shape=[1, 1, 1, 64]} : f32[1,1,1,64]
+  %y = mul(%x, %c) : f32[1,32,32,64]
+}
+""")
+    p = plan(g)
+    reasons = {v.name: r for v, r in p.reasons.items()}
+    assert "computed once" in reasons["c"] and "a" not in reasons and "b" not in reasons
+    big = next(k for k in p.kernels if k.root.name == "y")
+    assert [n.op for n in big.nodes] == ["mul"]
+    _check_numbers(g)

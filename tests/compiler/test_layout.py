@@ -4,6 +4,7 @@ with transposes only at the chain's edges, and compute the same."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from compiler.codegen import channels_last_refusal
 from compiler.interp import evaluate
@@ -233,16 +234,22 @@ def test_a_one_group_norm_computes_the_same():
     np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_norm_over_channel_groups_keeps_its_rows_channels_first():
-    """Two groups: a group's elements are every other run of channels in N,H,W,C, not a
-    channels-last row; the rules leave them read through the transpose."""
+@pytest.mark.parametrize("groups", [2, 4])
+def test_a_norm_over_channel_groups_runs_channels_last(groups):
+    """Several groups: a group's elements are every G-th run of channels in N,H,W,C, not
+    a row. The statistics reduce the spatial dims per channel, then each group's
+    channels; the normalizing ops run on N,H,W,C with each group's statistics repeated
+    over its channels; nothing but the graph's edges is transposed."""
     x = RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)
-    want = evaluate(_group_norm(2), [x])[0]
-    g = _group_norm(2)
+    want = evaluate(_group_norm(groups), [x])[0]
+    g = _group_norm(groups)
     channels_last(g, channels_last_refusal)
     verify(g)
-    first = next(n for n in g.nodes if n.op == "reshape" and n.outputs[0].shape == (2, 2, 144))
-    assert first.inputs[0].producer.op == "transpose"
+    perms = sorted(tuple(n.attrs["perm"]) for n in g.nodes if n.op == "transpose")
+    assert perms == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    sums = [n for n in g.nodes if n.op == "reduce_sum"]
+    assert [tuple(n.attrs["axes"]) for n in sums] == [(1, 2), (2,), (1, 2), (2,)]
+    assert sums[1].outputs[0].shape == (2, groups, 1)
     np.testing.assert_allclose(evaluate(g, [x])[0], want, rtol=1e-4, atol=1e-4)
 
 
