@@ -19,6 +19,7 @@ from compiler.errors import CompileError
 from compiler.ir import Graph, Node
 from compiler.passes.cluster import Cluster, describe_partition, partition
 from compiler.passes.pipeline import run_passes
+from compiler.passes.split_rows import split_long_rows
 from compiler.passes.windows import lower_windows
 
 # What the CompileError of a refused node says after the node and its reason: the
@@ -56,6 +57,9 @@ TARGET_PASSES: list[TargetPass] = [
                "conv/pool chains run NHWC where the target has NHWC kernels, transposes "
                "sunk to the chain's ends; before clustering, since supports() refuses "
                "NCHW convs"),
+    TargetPass(split_long_rows,
+               "a reduction of one long row (a 1-group norm at batch 1) runs in two "
+               "stages, the first threaded; after the layout pass, which makes those rows"),
 ]
 
 

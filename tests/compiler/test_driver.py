@@ -46,7 +46,8 @@ def test_fallback_demotes_cheap_clusters_and_no_fallback_does_not():
 
 
 def test_target_passes_convert_convs_on_the_cpu_only():
-    assert [p.name for p in driver.TARGET_PASSES] == ["lower_windows", "channels_last"]
+    assert [p.name for p in driver.TARGET_PASSES] == ["lower_windows", "channels_last",
+                                                     "split_long_rows"]
     cpu = driver.plan(_conv_graph(), "cpu")
     conv = next(n for n in cpu.graph.nodes if n.op == "conv")
     assert conv.attrs["layout"] == "NHWC"
