@@ -39,6 +39,7 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.ir import Graph, IRError, Node, Value
+from compiler.ops.contraction import channels_last
 from compiler.ops.elementwise import broadcast_shapes
 from compiler.passes.rules import Context, Rule, apply_rules, const_value, new_const
 
@@ -251,8 +252,7 @@ def rewrite_sub(graph: Graph, node: Node, c: np.ndarray) -> None:
 def spatial_axes(node: Node) -> list[int]:
     """The spatial dims of a conv's or pool's input, in its layout."""
     rank = len(node.inputs[0].shape)
-    return list(range(1, rank - 1)) if node.attrs.get("layout") == "NHWC" else \
-        list(range(2, rank))
+    return list(range(1, rank - 1)) if channels_last(node) else list(range(2, rank))
 
 
 def check_pad_into_window(node: Node, ctx: Context):

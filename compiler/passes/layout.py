@@ -299,14 +299,20 @@ def _row_view(v: Value) -> tuple | None:
     with `shape` = (N, 1.., M): each sample's channels-first elements as one row (a
     1-group GroupNorm's rows, a flatten before a norm over C, H and W); else None. The
     row holds the same elements as reshape(a, shape), in another order."""
+    a = _flattened(v)
+    shape = tuple(v.shape)
+    if a is None or len(shape) < 2 or shape[0] != a.shape[0] or any(
+            d != 1 for d in shape[1:-1]):
+        return None
+    return a, shape
+
+
+def _flattened(v: Value) -> Value | None:
+    """The channels-last `a` of v = reshape(transpose(a, to_first), ...), else None."""
     p = v.producer
     if p is None or p.op != "reshape" or not _is_first(p.inputs[0]):
         return None
-    a = p.inputs[0].producer.inputs[0]
-    shape = tuple(v.shape)
-    if len(shape) < 2 or shape[0] != a.shape[0] or any(d != 1 for d in shape[1:-1]):
-        return None
-    return a, shape
+    return p.inputs[0].producer.inputs[0]
 
 
 def _row_broadcast(u: Value) -> bool:
@@ -445,13 +451,10 @@ def _group_view(v: Value) -> tuple | None:
     sample (GroupNorm's rows); else None. In N,spatial..,C a group is every G-th run of
     C / G channels, not a row: its ops run on `a` itself, its reductions over the
     spatial dims (by columns, per channel) and then over the group's channels."""
-    p = v.producer
-    if p is None or p.op != "reshape" or not _is_first(p.inputs[0]):
-        return None
-    a = p.inputs[0].producer.inputs[0]
+    a = _flattened(v)
     shape = tuple(v.shape)
-    c = a.shape[-1]
-    if len(shape) != 3 or shape[0] != a.shape[0] or shape[1] <= 1 or c % shape[1]:
+    if a is None or len(shape) != 3 or shape[0] != a.shape[0] or shape[1] <= 1 \
+            or a.shape[-1] % shape[1]:
         return None
     return a, shape[1]
 
@@ -488,7 +491,7 @@ def _rewrite_sink_group_elementwise(graph: Graph, node: Node, views) -> Value:
     ins = []
     for u, view in zip(node.inputs, views):
         if view is not None:
-            ins.append(a if view[0] is a else view[0])
+            ins.append(view[0])
             continue
         if u.type.size == 1:
             ins.append(u)

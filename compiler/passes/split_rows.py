@@ -33,6 +33,8 @@ def split_long_rows(graph: Graph, target: str = "cpu") -> bool:
         if parts is not None:
             _split(graph, node, parts)
             changed = True
+    if changed:
+        graph.remove_dead()  # the reductions split
     return changed
 
 
@@ -64,4 +66,3 @@ def _split(graph: Graph, node: Node, parts: int) -> None:
     out = graph.add_node("reshape", [second], {"shape": tuple(node.outputs[0].shape)},
                          name=node.name, index=at + 3).output
     graph.replace_all_uses(node.outputs[0], out)
-    graph.remove_dead()
